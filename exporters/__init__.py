@@ -1,0 +1,1 @@
+"""Exporters for the signals no standard exporter publishes."""

@@ -1,0 +1,1 @@
+"""Alertmanager webhook receiver, durable job store and playbooks."""

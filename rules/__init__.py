@@ -1,0 +1,1 @@
+"""Prometheus recording and alert rules, promtool tests and Alertmanager config built from the spec."""

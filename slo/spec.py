@@ -1,0 +1,296 @@
+"""The redline spec (`version: v1`): one validated, frozen model of every target and threshold."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+
+PlaybookName = Literal[
+    "semantic_rollback",
+    "freeze_writes",
+    "delta_log_replay",
+    "freeze_and_replay",
+    "reroute",
+    "spot_drain",
+]
+"""Every playbook the remediation receiver knows; a spec naming another one is rejected."""
+
+PLAYBOOK_NAMES: tuple[str, ...] = PlaybookName.__args__
+
+_DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Prometheus-style single-unit duration such as `30d` or `5m`."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m, 1h, 30d")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Duration = Annotated[str, Field(pattern=_DURATION.pattern, description="e.g. 5m, 1h, 30d")]
+MetricName = Annotated[str, Field(pattern=_METRIC_NAME.pattern)]
+
+
+class LatencyRedLine(_Model):
+    """End-to-end P99 latency measured at the gateway, including cross-region reroutes."""
+
+    threshold_seconds: PositiveFloat = Field(0.8, description="P99 must stay at or under this.")
+    quantile: float = Field(0.99, gt=0, lt=1, description="The quantile held to the threshold.")
+    window: Duration = Field("5m", description="Rate window of the quantile.")
+    includes_reroute: bool = Field(
+        True, description="The histogram is recorded end to end at the gateway, reroutes included."
+    )
+    for_seconds: int = Field(60, ge=0, description="How long the breach must last before firing.")
+    playbook: PlaybookName | None = Field("reroute", description="Playbook run on a breach.")
+
+
+class ContextKeepaliveRedLine(_Model):
+    """Conversation context must survive at least `min_seconds` in the session store."""
+
+    min_seconds: PositiveFloat = Field(300, description="Minimum lifetime of a session's context.")
+    for_seconds: int = Field(60, ge=0, description="How long the breach must last before firing.")
+    playbook: PlaybookName | None = Field(None, description="Playbook run on a breach.")
+
+
+class IndexConsistencyRedLine(_Model):
+    """The replica of the vector index may lag the primary by at most `max_staleness_seconds`."""
+
+    max_staleness_seconds: PositiveFloat = Field(12, description="Eventual-consistency window.")
+    for_seconds: int = Field(15, ge=0, description="How long the breach must last before firing.")
+    playbook: PlaybookName | None = Field(
+        "freeze_and_replay", description="Playbook run on a breach."
+    )
+
+
+class RedLines(_Model):
+    """The three SLA red lines; any breach is a critical alert."""
+
+    latency_p99: LatencyRedLine = Field(default_factory=LatencyRedLine)
+    context_keepalive: ContextKeepaliveRedLine = Field(default_factory=ContextKeepaliveRedLine)
+    index_consistency: IndexConsistencyRedLine = Field(default_factory=IndexConsistencyRedLine)
+
+
+class RpoTarget(_Model):
+    """A recovery-point objective: data older than `max_seconds` may never be at risk."""
+
+    max_seconds: PositiveFloat = Field(description="The recovery-point objective.")
+    checkpoint_interval_seconds: PositiveFloat | None = Field(
+        None, description="How often a checkpoint is taken; it must not exceed the RPO."
+    )
+    for_seconds: int = Field(0, ge=0, description="How long the breach must last before firing.")
+    playbook: PlaybookName | None = Field(None, description="Playbook run on a breach.")
+
+
+class Rpo(_Model):
+    """Recovery-point targets for adapters, session state and the index delta log."""
+
+    lora_adapter: RpoTarget = Field(
+        default_factory=lambda: RpoTarget(max_seconds=90, checkpoint_interval_seconds=120)
+    )
+    session_state: RpoTarget = Field(default_factory=lambda: RpoTarget(max_seconds=3))
+    embedding_index: RpoTarget = Field(default_factory=lambda: RpoTarget(max_seconds=12))
+
+
+class Rollback(_Model):
+    """The two-signal gate: latency up AND accuracy down, with enough traffic to trust both."""
+
+    p99_increase_ratio: float = Field(
+        0.15, gt=0, description="Fire when p99 >= (1 + ratio) x the version's baseline p99."
+    )
+    accuracy_drop: float = Field(
+        0.008, gt=0, lt=1, description="...and baseline accuracy - accuracy > this (0.008 = 0.8 pp)."
+    )
+    window_seconds: PositiveInt = Field(300, description="Window both signals are measured over.")
+    min_samples: PositiveInt = Field(2000, description="...and at least this many requests in it.")
+    for_seconds: int = Field(0, ge=0, description="How long the gate must hold before firing.")
+    playbook: PlaybookName = Field("semantic_rollback", description="Playbook run when it fires.")
+
+
+class SlowRequestsSli(_Model):
+    """Bad events are requests slower than a threshold (read from the latency histogram)."""
+
+    kind: Literal["slow_requests"] = "slow_requests"
+    threshold_seconds: PositiveFloat = Field(description="A request slower than this is bad.")
+    selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra label matchers (label: value) on the SLI series."
+    )
+
+    @field_validator("selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_selector(value)
+
+
+class ErrorsSli(_Model):
+    """Bad events are failed requests (the error counter over the request counter)."""
+
+    kind: Literal["errors"] = "errors"
+    selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra label matchers (label: value) on the SLI series."
+    )
+
+    @field_validator("selector")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_selector(value)
+
+
+def _check_selector(value: dict[str, str]) -> dict[str, str]:
+    for label in value:
+        if not _LABEL_NAME.match(label):
+            raise ValueError(f"{label!r} is not a Prometheus label name")
+    return value
+
+
+class Slo(_Model):
+    """An error-budget SLO alerted with multiwindow multi-burn-rate rules."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="Lowercase id; names the alert.")
+    objective: float = Field(gt=0, lt=1, description="Target share of good events, e.g. 0.99.")
+    period: Duration = Field("30d", description="Compliance period of the error budget.")
+    sli: SlowRequestsSli | ErrorsSli = Field(discriminator="kind", description="What is bad.")
+    alert_name: str | None = Field(
+        None, pattern=r"^[A-Z][A-Za-z0-9]*$", description="Defaults to <Name>ErrorBudgetBurn."
+    )
+    playbook: PlaybookName | None = Field(None, description="Playbook run on a page.")
+
+    @property
+    def burn_alert_name(self) -> str:
+        """The burn-rate alert's name."""
+        if self.alert_name:
+            return self.alert_name
+        return "".join(part.capitalize() for part in self.name.split("_")) + "ErrorBudgetBurn"
+
+
+def _default_slos() -> tuple[Slo, ...]:
+    return (
+        Slo(name="latency", objective=0.99, sli=SlowRequestsSli(threshold_seconds=0.8)),
+        Slo(name="availability", objective=0.999, sli=ErrorsSli()),
+    )
+
+
+class Drift(_Model):
+    """Embedding drift of recent vectors against a reference set."""
+
+    method: Literal["mmd", "mean_cosine", "classifier_auc"] = Field(
+        "mmd", description="Default test: MMD^2 with an RBF kernel (median heuristic)."
+    )
+    threshold: PositiveFloat = Field(0.01, description="Score above which the window drifted.")
+    window: PositiveInt = Field(1000, ge=10, description="Recent vectors per evaluation.")
+    reference: str | None = Field(None, description="A .npy file of reference vectors.")
+    collection: str = Field("documents", description="Collection whose inserts are watched.")
+    for_seconds: int = Field(300, ge=0, description="How long drift must last before firing.")
+
+
+class Sources(_Model):
+    """Which series carry each SLI (redline's own exporters by default, or vLLM's)."""
+
+    request_duration: MetricName = Field(
+        "llm_request_duration_seconds", description="End-to-end latency histogram (base name)."
+    )
+    requests_total: MetricName = Field("llm_requests_total", description="Request counter.")
+    errors_total: MetricName = Field("llm_request_errors_total", description="Error counter.")
+    histogram_buckets: tuple[PositiveFloat, ...] = Field(
+        (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+        min_length=1,
+        description="Buckets of the latency histogram; every latency threshold must be one.",
+    )
+
+
+class Timing(_Model):
+    """Scrape and evaluation cadence the rules are written for."""
+
+    scrape_interval_seconds: PositiveFloat = Field(15, description="Prometheus scrape interval.")
+    evaluation_interval_seconds: PositiveFloat = Field(15, description="Rule evaluation interval.")
+    absent_for_seconds: int = Field(120, ge=0, description="How long an SLI may be absent.")
+    probe_stale_after_seconds: PositiveFloat = Field(
+        180, description="A probe whose last success is older than this is stale."
+    )
+    group_wait_seconds: PositiveFloat = Field(10, description="Alertmanager group_wait.")
+    group_interval_seconds: PositiveFloat = Field(60, description="Alertmanager group_interval.")
+    repeat_interval_seconds: PositiveFloat = Field(3600, description="Alertmanager repeat.")
+
+
+class TimingOverride(_Model):
+    """A named profile's changes to `timing` (e.g. `local`: 1 s scrape and evaluation)."""
+
+    scrape_interval_seconds: PositiveFloat | None = None
+    evaluation_interval_seconds: PositiveFloat | None = None
+    absent_for_seconds: int | None = Field(None, ge=0)
+    probe_stale_after_seconds: PositiveFloat | None = None
+    group_wait_seconds: PositiveFloat | None = None
+    group_interval_seconds: PositiveFloat | None = None
+    repeat_interval_seconds: PositiveFloat | None = None
+    red_line_for_seconds: int | None = Field(
+        None, ge=0, description="Overrides `for_seconds` of every red line, RPO and the gate."
+    )
+
+
+class Receiver(_Model):
+    """Where Alertmanager sends alerts for remediation."""
+
+    url: str = Field("http://127.0.0.1:9095/alerts", description="The receiver's POST endpoint.")
+    bearer_token_file: str = Field(
+        "/etc/redline/webhook-token", description="File holding the webhook bearer token."
+    )
+
+
+class Spec(_Model):
+    """The whole spec file."""
+
+    version: Literal["v1"] = Field(description="Spec format version.")
+    service: str = Field(pattern=r"^[a-z][a-z0-9-]*$", description="Service name, label-safe.")
+    regions: tuple[str, ...] = Field(
+        min_length=1, description="Regions in failover order (first is primary)."
+    )
+    runbook_base_url: str = Field(
+        "https://runbooks.example.com/redline", description="Runbook links are <base>/<alert>."
+    )
+    red_lines: RedLines = Field(default_factory=RedLines)
+    rpo: Rpo = Field(default_factory=Rpo)
+    rollback: Rollback = Field(default_factory=Rollback)
+    slos: tuple[Slo, ...] = Field(default_factory=_default_slos)
+    drift: Drift = Field(default_factory=Drift)
+    sources: Sources = Field(default_factory=Sources)
+    timing: Timing = Field(default_factory=Timing)
+    profiles: dict[str, TimingOverride] = Field(
+        default_factory=dict, description="Named timing profiles, applied with --profile."
+    )
+    receiver: Receiver = Field(default_factory=Receiver)
+
+    @field_validator("regions")
+    @classmethod
+    def _unique_regions(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for region in value:
+            if not re.match(r"^[a-z][a-z0-9-]*$", region):
+                raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
+        if len(set(value)) != len(value):
+            raise ValueError("regions must be unique")
+        return value
+
+    @field_validator("slos")
+    @classmethod
+    def _unique_slos(cls, value: tuple[Slo, ...]) -> tuple[Slo, ...]:
+        names = [slo.name for slo in value]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"SLO names must be unique; repeated: {', '.join(duplicates)}")
+        return value
+
+    @field_validator("profiles")
+    @classmethod
+    def _profile_names(cls, value: dict[str, TimingOverride]) -> dict[str, TimingOverride]:
+        for name in value:
+            if not re.match(r"^[a-z][a-z0-9_-]*$", name):
+                raise ValueError(f"profile name {name!r} must be lowercase")
+        return value
