@@ -1,1 +1,1 @@
-"""Prometheus recording and alert rules, promtool tests and Alertmanager config built from the spec."""
+"""Prometheus rules, promtool tests and Alertmanager config built from the spec."""

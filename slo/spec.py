@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
 
@@ -17,7 +17,7 @@ PlaybookName = Literal[
 ]
 """Every playbook the remediation receiver knows; a spec naming another one is rejected."""
 
-PLAYBOOK_NAMES: tuple[str, ...] = PlaybookName.__args__
+PLAYBOOK_NAMES: tuple[str, ...] = get_args(PlaybookName)
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -108,7 +108,10 @@ class Rollback(_Model):
         0.15, gt=0, description="Fire when p99 >= (1 + ratio) x the version's baseline p99."
     )
     accuracy_drop: float = Field(
-        0.008, gt=0, lt=1, description="...and baseline accuracy - accuracy > this (0.008 = 0.8 pp)."
+        0.008,
+        gt=0,
+        lt=1,
+        description="...and baseline accuracy - accuracy > this (0.008 = 0.8 pp).",
     )
     window_seconds: PositiveInt = Field(300, description="Window both signals are measured over.")
     min_samples: PositiveInt = Field(2000, description="...and at least this many requests in it.")

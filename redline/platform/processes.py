@@ -228,12 +228,21 @@ def start_alertmanager(
 
 
 def start_milvus_lite(workdir: Path, port: int | None = None, host: str = "127.0.0.1") -> Service:
-    """A Milvus Lite gRPC server over `workdir/data`; clients connect with `service.extra['uri']`."""
+    """A Milvus Lite gRPC server over `workdir/data`; clients use `service.extra['uri']`."""
     binary = str(Path(sys.executable).with_name("milvus-lite"))
     if not Path(binary).exists():
         binary = find_binary("milvus-lite")
     port = port or free_port(host)
-    argv = [binary, "server", "--data-dir", str(workdir / "data"), "--host", host, "--port", str(port)]
+    argv = [
+        binary,
+        "server",
+        "--data-dir",
+        str(workdir / "data"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     process, log = _spawn("milvus", argv, workdir)
     service = Service("milvus", process, host, port, workdir, log)
     service.extra["uri"] = f"http://{host}:{port}"
