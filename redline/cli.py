@@ -61,6 +61,11 @@ def validate(spec: SpecArg = None) -> None:
     )
 
 
+from redline.cli_sessions import sessions_app  # noqa: E402
+
+app.add_typer(sessions_app, name="sessions")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
