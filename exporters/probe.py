@@ -83,12 +83,26 @@ class ProbeCache(Collector):
         probes: Iterable[Probe],
         timeout_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
+        timeouts: Mapping[str, float] | None = None,
     ) -> None:
-        self.probes = {probe.name: probe for probe in probes}
+        self.probes: dict[str, Probe] = {}
+        for probe in probes:
+            if probe.name in self.probes:
+                raise ValueError(f"two probes are named {probe.name!r}; probe names must be unique")
+            self.probes[probe.name] = probe
         self.timeout_seconds = timeout_seconds
+        self.timeouts = dict(timeouts or {})
+        unknown = sorted(set(self.timeouts) - set(self.probes))
+        if unknown:
+            raise ValueError(f"timeouts given for unknown probes: {', '.join(unknown)}")
+        self._definitions = _check_definitions(self.probes.values())
         self._clock = clock
         self._lock = threading.Lock()
         self._states = {name: _State() for name in self.probes}
+
+    def timeout_for(self, name: str) -> float:
+        """Seconds after which a still-running probe counts as failed (hung)."""
+        return self.timeouts.get(name, self.timeout_seconds)
 
     def run(self, name: str) -> None:
         """Run one probe now and cache its result; failures are logged, never raised."""
@@ -124,16 +138,20 @@ class ProbeCache(Collector):
 
     def status(self) -> dict[str, dict[str, object]]:
         """Each probe's last outcome, for `/healthz` and logs."""
+        now = time.monotonic()
         with self._lock:
-            return {
-                name: {
-                    "success": state.success,
+            result: dict[str, dict[str, object]] = {}
+            for name, state in self._states.items():
+                running = None if state.running_since is None else now - state.running_since
+                hung = running is not None and running > self.timeout_for(name)
+                result[name] = {
+                    "success": state.success and not hung,
                     "duration_seconds": round(state.duration_seconds, 4),
                     "last_success": state.last_success,
-                    "error": state.error,
+                    "error": f"still running after {running:.1f} s" if hung else state.error,
+                    "running_seconds": None if running is None else round(running, 4),
                 }
-                for name, state in self._states.items()
-            }
+            return result
 
     def describe(self) -> list[Metric]:
         """Families this collector yields (without samples), for registry checks."""
@@ -147,22 +165,15 @@ class ProbeCache(Collector):
         with self._lock:
             states = {name: _snapshot(state) for name, state in self._states.items()}
         now = time.monotonic()
-        families: dict[str, Metric] = {}
-        for definition in PROBE_METRICS:
-            families[definition.name] = _family(definition)
-        for probe in self.probes.values():
-            for definition in probe.metrics:
-                if definition.name not in families:
-                    families[definition.name] = _family(definition)
+        families = {name: _family(definition) for name, definition in self._definitions.items()}
         if with_samples:
             for name, state in sorted(states.items()):
-                hung = (
-                    state.running_since is not None
-                    and now - state.running_since > self.timeout_seconds
-                )
+                running = None if state.running_since is None else now - state.running_since
+                hung = running is not None and running > self.timeout_for(name)
                 success = 0.0 if hung else float(state.success)
+                duration = running if hung and running is not None else state.duration_seconds
                 _add(families["redline_probe_success"], [name], success)
-                _add(families["redline_probe_duration_seconds"], [name], state.duration_seconds)
+                _add(families["redline_probe_duration_seconds"], [name], duration)
                 if state.last_success is not None:
                     family = families["redline_probe_last_success_timestamp_seconds"]
                     _add(family, [name], state.last_success)
@@ -172,9 +183,30 @@ class ProbeCache(Collector):
                     if found is None:
                         log.error("probe %s returned undeclared metric %s", name, sample.name)
                         continue
+                    if hung and found.kind == "gauge":
+                        continue  # a hung probe's gauges are as unknown as a failed one's
                     values = [sample.labels.get(label, "") for label in found.labels]
                     _add(families[sample.name], values, sample.value)
         yield from families.values()
+
+
+def _check_definitions(probes: Iterable[Probe]) -> dict[str, MetricDef]:
+    """Every family by name; two probes may share a family only with the same definition."""
+    definitions = {definition.name: definition for definition in PROBE_METRICS}
+    owners = {definition.name: "redline" for definition in PROBE_METRICS}
+    for probe in probes:
+        for definition in probe.metrics:
+            known = definitions.get(definition.name)
+            if known is None:
+                definitions[definition.name] = definition
+                owners[definition.name] = probe.name
+            elif (known.kind, known.labels) != (definition.kind, definition.labels):
+                raise ValueError(
+                    f"probe {probe.name!r} declares {definition.name} as {definition.kind} "
+                    f"{definition.labels}, but {owners[definition.name]!r} declared it as "
+                    f"{known.kind} {known.labels}"
+                )
+    return definitions
 
 
 def _snapshot(state: _State) -> _State:

@@ -405,7 +405,12 @@ class SnapshotRegistry:
                     raise SnapshotIntegrityError(
                         f"{model}/{snapshot_id} cannot be activated: " + "; ".join(problems)
                     )
-            current = self.active_pointer(model)
+            try:
+                current = self.active_pointer(model)
+            except SnapshotCorruptError as exc:
+                # A broken pointer must not block switching to a good snapshot (it is the fix).
+                log.warning("replacing an unreadable active pointer: %s", exc)
+                current = None
             if current is not None and current.snapshot_id == snapshot_id:
                 return current  # idempotent: already active
             pointer = ActivePointer(

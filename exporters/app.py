@@ -1,0 +1,296 @@
+"""The exporter process: probes on a scheduler, `/metrics` and `/healthz` over HTTP.
+
+Each probe runs on its own interval in a daemon thread of its own (apscheduler 3.x,
+`max_instances=1`, `coalesce=True`, first run at start-up). `/metrics` only reads the
+`ProbeCache`, so a slow or hanging probe never blocks or slows a scrape; a probe still running past
+its timeout reports `redline_probe_success 0`, and a probe that raises does the same while the
+process stays up. Daemon threads let the process exit on SIGTERM even while a probe hangs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import uvicorn
+from apscheduler.executors.base import BaseExecutor, run_job
+from apscheduler.schedulers.background import BackgroundScheduler
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from redline.exporters.models import ModelVersionsProbe
+from redline.exporters.probe import Probe, ProbeCache
+from redline.exporters.settings import ExporterSettings, ProbeSection
+from redline.platform.snapshots import SnapshotRegistry
+from redline.slo.spec import Spec
+
+log = logging.getLogger(__name__)
+
+_CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+class DaemonThreadExecutor(BaseExecutor):  # type: ignore[misc]
+    """Runs every job in a fresh daemon thread; with max_instances=1 that is one per probe.
+
+    A pool would let one hanging probe starve the others, and its non-daemon workers would keep a
+    stopped process alive until the hang ends.
+    """
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        def target() -> None:
+            try:
+                events = run_job(job, job._jobstore_alias, run_times, self._logger.name)
+            except BaseException as exc:  # reported to the scheduler like a pool executor does
+                self._run_job_error(job.id, exc, exc.__traceback__)
+            else:
+                self._run_job_success(job.id, events)
+
+        thread = threading.Thread(target=target, name=f"probe-{job.id}", daemon=True)
+        thread.start()
+
+
+class WithoutCreated(Collector):
+    """Wraps a collector and drops its `_created` samples (they double a counter's series)."""
+
+    def __init__(self, inner: Collector) -> None:
+        self.inner = inner
+
+    def collect(self) -> Iterator[Any]:
+        """The inner collector's families without `_created` samples."""
+        for family in self.inner.collect():
+            if family.type in _CREATED_TYPES:
+                created = family.name + "_created"
+                family.samples = [s for s in family.samples if s.name != created]
+            yield family
+
+    def describe(self) -> list[Any]:
+        """The inner collector's descriptions, when it has any."""
+        describe: Callable[[], Iterable[Any]] | None = getattr(self.inner, "describe", None)
+        return list(describe()) if describe is not None else []
+
+
+@dataclass
+class Exporter:
+    """An exporter ready to serve: the ASGI app, its scheduler, cache and registry."""
+
+    app: FastAPI
+    scheduler: BackgroundScheduler
+    cache: ProbeCache
+    registry: CollectorRegistry
+    probes: list[Probe] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Schedule every probe (first run now) and start the scheduler."""
+        if self.scheduler.running:
+            return
+        now = datetime.now(UTC)
+        for probe in self.probes:
+            self.scheduler.add_job(
+                self.cache.run,
+                "interval",
+                seconds=probe.interval_seconds,
+                args=[probe.name],
+                id=probe.name,
+                name=f"probe {probe.name}",
+                next_run_time=now,
+                replace_existing=True,
+            )
+        self.scheduler.start()
+        log.info("exporter started %d probe(s): %s", len(self.probes), list(self.cache.probes))
+
+    def stop(self) -> None:
+        """Stop scheduling (never waits for a hanging probe) and close probes that hold clients."""
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=False)
+            log.info("exporter stopped its scheduler")
+        for probe in self.probes:
+            close: Callable[[], object] | None = getattr(probe, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except Exception as exc:  # closing one probe must not stop the others closing
+                    log.warning("closing probe %s failed: %s", probe.name, exc)
+
+
+def build_scheduler() -> BackgroundScheduler:
+    """A background scheduler whose jobs never overlap themselves and catch up once when late."""
+    return BackgroundScheduler(
+        executors={"default": DaemonThreadExecutor()},
+        job_defaults={"max_instances": 1, "coalesce": True, "misfire_grace_time": None},
+        timezone=UTC,
+    )
+
+
+def build_registry(
+    cache: ProbeCache, extra_collectors: Sequence[Collector] = (), created_series: bool = False
+) -> CollectorRegistry:
+    """The exporter's own registry: the probe cache plus extra collectors (`_created` optional)."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(cache)
+    for collector in extra_collectors:
+        registry.register(collector if created_series else WithoutCreated(collector))
+    return registry
+
+
+def build_metrics_router(
+    registry: CollectorRegistry, exporter: Exporter, gzip_ok: bool
+) -> APIRouter:
+    """`/metrics` (text or OpenMetrics by Accept, gzip by Accept-Encoding) and `/healthz`."""
+    router = APIRouter()
+
+    @router.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        body = encoder(registry)
+        headers = {}
+        if gzip_ok and "gzip" in request.headers.get("accept-encoding", ""):
+            body = gzip.compress(body, compresslevel=1)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type=content_type, headers=headers)
+
+    @router.get("/healthz")
+    async def healthz() -> JSONResponse:
+        status = exporter.cache.status()
+        running = exporter.scheduler.running
+        body = {
+            "status": "ok" if running else "stopped",
+            "scheduler_running": running,
+            "probes_ok": sum(1 for s in status.values() if s["success"]),
+            "probes_total": len(status),
+            "probes": status,
+        }
+        return JSONResponse(body, status_code=200 if running else 503)
+
+    return router
+
+
+@dataclass(frozen=True)
+class ConfiguredProbe:
+    """A probe and the settings section it was built from."""
+
+    probe: Probe
+    section: ProbeSection
+
+
+def build_configured_probes(settings: ExporterSettings, spec: Spec) -> list[ConfiguredProbe]:
+    """Every enabled probe, constructed from its settings section and the spec's thresholds.
+
+    The one explicit registry of probes: a new probe module gets a section in ExporterSettings
+    and a few lines here.
+    """
+    configured: list[ConfiguredProbe] = []
+
+    section = settings.models
+    if section.enabled:
+        probe = ModelVersionsProbe(
+            SnapshotRegistry(section.root),
+            models=section.models,
+            interval_seconds=section.interval_seconds,
+            max_versions=section.max_versions,
+        )
+        configured.append(ConfiguredProbe(probe, section))
+
+    return configured
+
+
+def build_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+    """The enabled probes of `settings` (see build_configured_probes)."""
+    return [c.probe for c in build_configured_probes(settings, spec)]
+
+
+def build_exporter_app(
+    settings: ExporterSettings,
+    spec: Spec,
+    probes: Sequence[Probe] | None = None,
+    extra_collectors: Sequence[Collector] = (),
+) -> Exporter:
+    """An exporter over the probes of `settings` (or the given ones); the app's lifespan starts
+    and stops the scheduler."""
+    timeouts: dict[str, float] = {}
+    if probes is None:
+        configured = build_configured_probes(settings, spec)
+        probes = [c.probe for c in configured]
+        timeouts = {
+            c.probe.name: c.section.timeout_seconds
+            for c in configured
+            if c.section.timeout_seconds is not None
+        }
+    cache = ProbeCache(probes, timeout_seconds=settings.probe_timeout_seconds, timeouts=timeouts)
+    registry = build_registry(cache, extra_collectors, settings.created_series)
+    scheduler = build_scheduler()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        exporter.start()
+        try:
+            yield
+        finally:
+            exporter.stop()
+
+    app = FastAPI(
+        title="redline exporters",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    exporter = Exporter(app, scheduler, cache, registry, list(probes))
+    app.include_router(build_metrics_router(registry, exporter, settings.gzip))
+    return exporter
+
+
+class ThreadedServer:
+    """uvicorn serving an ASGI app in a daemon thread (tests, benchmarks, embedding)."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        if port == 0:
+            from redline.platform.processes import free_port
+
+            port = free_port(host)
+        self.host = host
+        self.port = port
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on {self.url}")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+__all__ = [
+    "ConfiguredProbe",
+    "DaemonThreadExecutor",
+    "Exporter",
+    "WithoutCreated",
+    "build_configured_probes",
+    "build_exporter_app",
+    "build_probes",
+    "build_registry",
+    "build_scheduler",
+    "ThreadedServer",
+]

@@ -1,0 +1,115 @@
+"""Settings of `redline exporters`: the service settings plus one section per probe.
+
+Sources, highest first: command-line flags, `REDLINE_*` environment variables (nested with `__`,
+e.g. `REDLINE_MODELS__INTERVAL_SECONDS=5`), the `--config` YAML file, defaults. Sections merge
+field by field, so the environment can change one field of a section the file configures.
+Thresholds (staleness, RPO, keep-alive, drift) come from the spec, not from here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic_settings import SettingsConfigDict
+
+from redline.settings import ServiceSettings, SettingsError
+
+DEFAULT_PORT = 9109
+
+
+class ProbeSection(BaseModel):
+    """What every probe section has: an on/off switch, an interval and a hang timeout."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="Run this probe.")
+    interval_seconds: PositiveFloat = Field(15.0, description="Seconds between two runs.")
+    timeout_seconds: PositiveFloat | None = Field(
+        None,
+        description="A run still going after this long reports failure (default: the global "
+        "probe_timeout_seconds).",
+    )
+
+
+class ModelsSection(ProbeSection):
+    """Model versions, baselines and adapter checkpoints from the snapshot registry."""
+
+    root: Path = Field(Path("var/snapshots"), description="Root directory of the registry.")
+    models: tuple[str, ...] = Field((), description="Models to publish; empty: every model.")
+    max_versions: int = Field(10, ge=1, description="Verified versions with baselines per model.")
+
+
+class ExporterSettings(ServiceSettings):
+    """Settings of the exporter process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="REDLINE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    created_series: bool = Field(
+        False, description="Expose `_created` series of counters and histograms (off: cheaper)."
+    )
+    gzip: bool = Field(True, description="Compress /metrics when the scraper accepts gzip.")
+    probe_timeout_seconds: PositiveFloat = Field(
+        30.0, description="A probe run still going after this long reports failure."
+    )
+    models: ModelsSection = Field(default_factory=ModelsSection)
+
+    @property
+    def listen_port(self) -> int:
+        """The port to listen on (`port`, or the exporter's default when 0)."""
+        return self.port or DEFAULT_PORT
+
+
+def _deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _normalise(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k).replace("-", "_"): _normalise(v) for k, v in value.items()}
+    return value
+
+
+def load_exporter_settings(config: Path | None = None, **overrides: Any) -> ExporterSettings:
+    """Build ExporterSettings from defaults < config file < environment < non-None overrides."""
+    file_values: dict[str, Any] = {}
+    source = str(config) if config is not None else "environment"
+    if config is not None:
+        try:
+            loaded = yaml.safe_load(config.read_text("utf-8"))
+        except OSError as exc:
+            raise SettingsError(f"{config}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{config}: malformed YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise SettingsError(f"{config}: expected a mapping of settings")
+        file_values = _normalise(loaded)
+    explicit = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        from_env = ExporterSettings().model_dump(exclude_unset=True)
+    except ValidationError as exc:
+        raise SettingsError(_render("environment (REDLINE_*)", exc)) from None
+    try:
+        return ExporterSettings.model_validate(
+            _deep_merge(_deep_merge(file_values, from_env), explicit)
+        )
+    except ValidationError as exc:
+        raise SettingsError(_render(source, exc)) from None
+
+
+def _render(source: str, exc: ValidationError) -> str:
+    return "\n".join(
+        f"{source}: {'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+    )
