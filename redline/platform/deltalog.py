@@ -1,0 +1,592 @@
+"""The vector index's delta log: a Redis Stream per collection, the write-freeze flag, and each
+target's durable checkpoint.
+
+An entry is appended before anything touches Milvus, and the append is the acknowledgement.
+Every appliers' checkpoint (last applied stream id) lives in a Redis hash and is advanced by a
+script that also checks the applier still holds the target's lease, so it only moves forward and
+only after the batch it covers has been applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import numpy as np
+import numpy.typing as npt
+import redis
+
+Vector = npt.NDArray[np.float32]
+Op = Literal["upsert", "delete"]
+
+ID_PATTERN = re.compile(r"^[A-Za-z0-9_.:/@#+=-]{1,256}$")
+REGION_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+ZERO_ID = "0-0"
+_MAX_SEQ = 2**64 - 1
+
+
+class DeltaLogError(Exception):
+    """The delta log or its bookkeeping in Redis is unusable (bad entry, lost lease, bad input)."""
+
+
+class LeaseLostError(DeltaLogError):
+    """Another applier took over the target's lease; this applier must stop."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure helpers: stream ids, vectors, checksums, entries
+
+
+def parse_stream_id(value: str | bytes) -> tuple[int, int]:
+    """`"1700000000000-3"` -> (1700000000000, 3); DeltaLogError on anything else."""
+    text = value.decode() if isinstance(value, bytes) else value
+    ms, sep, seq = text.partition("-")
+    if not ms.isdigit() or (sep and not seq.isdigit()):
+        raise DeltaLogError(f"not a stream id: {text!r} (expected <ms>-<seq>)")
+    return int(ms), int(seq) if sep else 0
+
+
+def format_stream_id(parts: tuple[int, int]) -> str:
+    """(ms, seq) -> `"ms-seq"`."""
+    return f"{parts[0]}-{parts[1]}"
+
+
+def stream_id_before(value: str) -> str:
+    """The largest stream id smaller than `value` (exclusive start that includes `value`)."""
+    ms, seq = parse_stream_id(value)
+    if seq > 0:
+        return f"{ms}-{seq - 1}"
+    if ms == 0:
+        return ZERO_ID
+    return f"{ms - 1}-{_MAX_SEQ}"
+
+
+def to_vector(values: Sequence[float] | npt.NDArray[Any], dim: int) -> Vector:
+    """A float32 vector of `dim` finite values; DeltaLogError naming what is wrong otherwise."""
+    array = np.asarray(values, dtype=np.float32)
+    if array.ndim != 1 or array.shape[0] != dim:
+        raise DeltaLogError(f"vector has shape {array.shape}, expected ({dim},)")
+    if not np.all(np.isfinite(array)):
+        raise DeltaLogError("vector contains NaN or infinite values")
+    return array
+
+
+def vector_checksum(vector: Vector | Sequence[float]) -> str:
+    """SHA-256 (first 32 hex digits) of the vector's float32 little-endian bytes."""
+    data = np.asarray(vector, dtype="<f4").tobytes()
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def check_id(value: str) -> str:
+    """A row id usable in the log and in Milvus expressions; DeltaLogError otherwise."""
+    if not isinstance(value, str) or not ID_PATTERN.match(value):
+        raise DeltaLogError(
+            f"invalid row id {value!r}: use 1-256 characters of A-Z a-z 0-9 _ . : / @ # + = -"
+        )
+    return value
+
+
+def check_region(value: str) -> str:
+    """A region name (lowercase, starts alphanumeric, ≤ 63 characters); DeltaLogError otherwise."""
+    if not REGION_PATTERN.match(value):
+        raise DeltaLogError(
+            f"invalid region {value!r}: lowercase letters, digits, '_', '.', '-', ≤ 63 characters"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Version:
+    """Which write wins: the later (ts_ms, region); ties go to the later arrival."""
+
+    ts_ms: int
+    region: str
+
+    def key(self) -> tuple[int, str]:
+        """The ordering key."""
+        return (self.ts_ms, self.region)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One delta-log entry: an upsert (with vector and checksum) or a delete of one id."""
+
+    stream_id: str
+    op: Op
+    id: str
+    region: str
+    ts_ms: int
+    checksum: str
+    vector: Vector | None
+
+    @property
+    def version(self) -> Version:
+        """The entry's (ts_ms, region) version."""
+        return Version(self.ts_ms, self.region)
+
+
+def build_fields(
+    op: Op, row_id: str, region: str, ts_ms: int, vector: Vector | None
+) -> dict[str, bytes]:
+    """The stream fields of an entry; the vector is raw float32 little-endian bytes."""
+    if op == "upsert":
+        if vector is None:
+            raise DeltaLogError(f"upsert of {row_id!r} without a vector")
+        blob = np.asarray(vector, dtype="<f4").tobytes()
+        checksum = vector_checksum(vector)
+    else:
+        blob, checksum = b"", ""
+    return {
+        "op": b"u" if op == "upsert" else b"d",
+        "id": row_id.encode(),
+        "vector": blob,
+        "region": region.encode(),
+        "ts_ms": str(ts_ms).encode(),
+        "checksum": checksum.encode(),
+    }
+
+
+def parse_entry(stream_id: str | bytes, fields: Mapping[bytes, bytes], dim: int) -> Entry:
+    """Decode one stream entry; DeltaLogError naming the entry and field when malformed."""
+    sid = stream_id.decode() if isinstance(stream_id, bytes) else stream_id
+    try:
+        op_raw = fields[b"op"]
+        row_id = fields[b"id"].decode()
+        region = fields[b"region"].decode()
+        ts_ms = int(fields[b"ts_ms"])
+        checksum = fields[b"checksum"].decode()
+        blob = fields[b"vector"]
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise DeltaLogError(f"delta-log entry {sid}: malformed ({exc!r})") from None
+    if op_raw == b"u":
+        if len(blob) != 4 * dim:
+            raise DeltaLogError(
+                f"delta-log entry {sid}: vector has {len(blob)} bytes, expected {4 * dim}"
+            )
+        vector: Vector | None = np.frombuffer(blob, dtype="<f4").astype(np.float32)
+        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector)
+    if op_raw == b"d":
+        return Entry(sid, "delete", row_id, region, ts_ms, "", None)
+    raise DeltaLogError(f"delta-log entry {sid}: unknown op {op_raw!r} (expected u or d)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Redis scripts (atomic; stream ids are compared as (ms, seq) pairs)
+
+_LUA_ID_GT = """
+local function id_parts(s)
+  local ms, seq = string.match(s, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function id_gt(a, b)
+  local am, as = id_parts(a)
+  local bm, bs = id_parts(b)
+  if am ~= bm then return am > bm end
+  return as > bs
+end
+local function xinfo(key, field)
+  local info = redis.call('XINFO', 'STREAM', key)
+  for i = 1, #info, 2 do
+    if info[i] == field then return info[i + 1] end
+  end
+  return nil
+end
+"""
+
+# KEYS: log, frozen flag. ARGV: field/value pairs. Appends and reports the flag atomically, so
+# an entry is either applied by its writer (flag clear) or by the unfreeze catch-up (flag set).
+_APPEND = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
+return {id, redis.call('EXISTS', KEYS[2])}
+"""
+
+# KEYS: target hash, lease. ARGV: token, new checkpoint, entries, conflicts, replayed, now_ms, log.
+_ADVANCE = (
+    _LUA_ID_GT
+    + """
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+local current = redis.call('HGET', KEYS[1], 'checkpoint') or '0-0'
+if not id_gt(ARGV[2], current) then return 0 end
+local offset = redis.call('HGET', KEYS[1], 'offset')
+if not offset then
+  -- first advance: entries trimmed before this target ever read are not pending for it
+  offset = 0
+  if redis.call('EXISTS', ARGV[7]) == 1 then
+    offset = xinfo(ARGV[7], 'entries-added') - xinfo(ARGV[7], 'length')
+  end
+end
+redis.call('HSET', KEYS[1], 'checkpoint', ARGV[2], 'offset', tonumber(offset) + tonumber(ARGV[3]),
+           'checkpoint_ms', ARGV[6])
+redis.call('HINCRBY', KEYS[1], 'applied', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'conflicts', ARGV[4])
+redis.call('HINCRBY', KEYS[1], 'replayed', ARGV[5])
+return 1
+"""
+)
+
+# KEYS: lease. ARGV: token, ttl_ms. Take the lease if free, renew it if ours.
+_ACQUIRE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS: frozen flag, log, primary target hash. ARGV: reason, now_ms, since ('' = log tail).
+# The primary catch-up starts after `since`; a second freeze keeps the earliest `since`.
+_FREEZE = (
+    _LUA_ID_GT
+    + """
+local since = ARGV[3]
+if since == '' then
+  since = '0-0'
+  if redis.call('EXISTS', KEYS[2]) == 1 then since = xinfo(KEYS[2], 'last-generated-id') end
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local held = redis.call('HGET', KEYS[1], 'since')
+  if id_gt(held, since) then
+    redis.call('HSET', KEYS[1], 'since', since)
+    redis.call('HSET', KEYS[3], 'checkpoint', since)
+    return since
+  end
+  return held
+end
+redis.call('HSET', KEYS[1], 'reason', ARGV[1], 'since', since, 'at_ms', ARGV[2])
+redis.call('DEL', KEYS[3])
+redis.call('HSET', KEYS[3], 'checkpoint', since)
+return since
+"""
+)
+
+# KEYS: frozen flag, log, primary target hash. Clear the flag only when the primary has caught
+# up with the last entry; writers appending after this see the flag clear and apply themselves.
+_UNFREEZE_IF_CAUGHT_UP = (
+    _LUA_ID_GT
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 1 end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local checkpoint = redis.call('HGET', KEYS[3], 'checkpoint') or '0-0'
+if #last == 0 or not id_gt(last[1][1], checkpoint) then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+)
+
+
+@dataclass(frozen=True)
+class FreezeState:
+    """Why and since when writes are frozen; `since` is the last entry the primary holds."""
+
+    reason: str
+    since: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """A target's durable bookkeeping: checkpoint and cumulative counters."""
+
+    checkpoint: str
+    offset: int | None
+    checkpoint_ms: int | None
+    applied: int
+    conflicts: int
+    replayed: int
+
+
+@dataclass(frozen=True)
+class LogInfo:
+    """What XINFO STREAM says about the log (zeros when it does not exist yet)."""
+
+    length: int
+    entries_added: int
+    last_id: str
+    first_id: str | None
+
+
+class DeltaLog:
+    """The delta log of one logical collection in Redis, with its freeze flag and checkpoints."""
+
+    def __init__(self, client: redis.Redis, collection: str, dim: int) -> None:
+        if not ID_PATTERN.match(collection):
+            raise DeltaLogError(f"invalid collection name {collection!r}")
+        if dim <= 0:
+            raise DeltaLogError(f"dimension must be positive, got {dim}")
+        self.redis = client
+        self.collection = collection
+        self.dim = dim
+        self.prefix = f"redline:index:{collection}"
+        self.stream_key = f"{self.prefix}:log"
+        self.frozen_key = f"{self.prefix}:frozen"
+        self._append = client.register_script(_APPEND)
+        self._advance = client.register_script(_ADVANCE)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+        self._freeze = client.register_script(_FREEZE)
+        self._unfreeze = client.register_script(_UNFREEZE_IF_CAUGHT_UP)
+
+    # keys ------------------------------------------------------------------------------------
+
+    def target_key(self, target: str) -> str:
+        """Hash holding a target's checkpoint and counters."""
+        return f"{self.prefix}:target:{target}"
+
+    def lease_key(self, target: str) -> str:
+        """Lease that lets one applier at a time write to a target."""
+        return f"{self.prefix}:target:{target}:lease"
+
+    def tombstone_key(self, target: str) -> str:
+        """Hash id -> "ts_ms|region" of the deletes applied to a target."""
+        return f"{self.prefix}:target:{target}:tombstones"
+
+    def pause_key(self, target: str) -> str:
+        """Flag that pauses a target's replicator (drills, tests, maintenance)."""
+        return f"{self.prefix}:target:{target}:paused"
+
+    def replay_key(self, target: str) -> str:
+        """Hash recording an unfinished replay's range, so a re-run verifies all of it."""
+        return f"{self.prefix}:target:{target}:replay"
+
+    def canary_key(self, target: str) -> str:
+        """Hash holding the staleness probe's outstanding canary for a target."""
+        return f"{self.prefix}:target:{target}:canary"
+
+    # appends ---------------------------------------------------------------------------------
+
+    def append(
+        self, ops: Sequence[tuple[Op, str, Vector | None]], region: str, ts_ms: int
+    ) -> list[tuple[str, bool]]:
+        """Append entries in order; per entry its stream id and whether writes were frozen."""
+        pipe = self.redis.pipeline(transaction=False)
+        for op, row_id, vector in ops:
+            fields = build_fields(op, row_id, region, ts_ms, vector)
+            argv: list[bytes] = []
+            for name, value in fields.items():
+                argv += [name.encode(), value]
+            self._append(keys=[self.stream_key, self.frozen_key], args=argv, client=pipe)
+        results: list[tuple[str, bool]] = []
+        for sid, frozen in pipe.execute():
+            results.append((_text(sid), bool(int(frozen))))
+        return results
+
+    # reads -----------------------------------------------------------------------------------
+
+    def read_after(self, after: str, count: int, until: str | None = None) -> list[Entry]:
+        """Up to `count` entries with ids in (after, until], oldest first."""
+        raw = cast(
+            list[tuple[bytes, dict[bytes, bytes]]],
+            self.redis.xrange(self.stream_key, f"({after}", until or "+", count=count),
+        )
+        return [parse_entry(sid, fields, self.dim) for sid, fields in raw]
+
+    def iter_range(self, after: str, until: str, chunk: int = 1000) -> Iterator[Entry]:
+        """Every entry with id in (after, until], in chunks (for verification, not for probes)."""
+        cursor = after
+        while True:
+            entries = self.read_after(cursor, chunk, until)
+            yield from entries
+            if len(entries) < chunk:
+                return
+            cursor = entries[-1].stream_id
+
+    def oldest_after(self, after: str) -> str | None:
+        """The id of the first entry after `after`, or None when there is none."""
+        raw = self.redis.xrange(self.stream_key, f"({after}", "+", count=1)
+        return _text(raw[0][0]) if raw else None
+
+    def info(self) -> LogInfo:
+        """Length, entries ever added and last id of the log, without reading entries."""
+        try:
+            raw = self.redis.xinfo_stream(self.stream_key)
+        except redis.ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return LogInfo(0, 0, ZERO_ID, None)
+            raise
+        first = raw.get("first-entry")
+        return LogInfo(
+            length=int(raw["length"]),
+            entries_added=int(raw.get("entries-added", raw["length"])),
+            last_id=_text(raw["last-generated-id"]),
+            first_id=_text(first[0]) if first else None,
+        )
+
+    def last_id(self) -> str:
+        """The id of the newest entry ever added (`0-0` for an empty log)."""
+        return self.info().last_id
+
+    # targets ---------------------------------------------------------------------------------
+
+    def target_state(self, target: str) -> TargetState:
+        """A target's checkpoint and counters (a target never applied to starts at `0-0`)."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.target_key(target)))
+
+        def number(name: bytes) -> int | None:
+            value = raw.get(name)
+            return int(value) if value is not None else None
+
+        return TargetState(
+            checkpoint=_text(raw.get(b"checkpoint", ZERO_ID.encode())),
+            offset=number(b"offset"),
+            checkpoint_ms=number(b"checkpoint_ms"),
+            applied=number(b"applied") or 0,
+            conflicts=number(b"conflicts") or 0,
+            replayed=number(b"replayed") or 0,
+        )
+
+    def pending(self, target: str, state: TargetState | None = None) -> tuple[int, float | None]:
+        """(entries after the target's checkpoint, age in seconds of the oldest of them).
+
+        Two commands whatever the backlog: XINFO STREAM and one XRANGE ... COUNT 1.
+        """
+        state = state or self.target_state(target)
+        info = self.info()
+        if info.length == 0 or parse_stream_id(info.last_id) <= parse_stream_id(state.checkpoint):
+            return 0, None
+        if state.offset is None:
+            count = info.length
+        else:
+            count = max(0, min(info.length, info.entries_added - state.offset))
+        oldest = self.oldest_after(state.checkpoint)
+        if oldest is None:
+            return 0, None
+        age = max(0.0, time.time() - parse_stream_id(oldest)[0] / 1000.0)
+        return max(count, 1), age
+
+    def advance(
+        self,
+        target: str,
+        token: str,
+        checkpoint: str,
+        entries: int,
+        conflicts: int,
+        replayed: bool,
+    ) -> bool:
+        """Move the checkpoint forward after a batch; LeaseLostError if the lease is not ours."""
+        result = int(
+            self._advance(
+                keys=[self.target_key(target), self.lease_key(target)],
+                args=[
+                    token,
+                    checkpoint,
+                    entries,
+                    conflicts,
+                    entries if replayed else 0,
+                    int(time.time() * 1000),
+                    self.stream_key,
+                ],
+            )
+        )
+        if result < 0:
+            raise LeaseLostError(f"lease on {self.collection}/{target} lost before checkpointing")
+        return result == 1
+
+    def acquire(self, target: str, token: str, ttl_seconds: float) -> bool:
+        """Take or renew a target's lease for `ttl_seconds`; False while another holds it."""
+        ttl_ms = max(1, int(ttl_seconds * 1000))
+        return bool(self._acquire(keys=[self.lease_key(target)], args=[token, ttl_ms]))
+
+    def release(self, target: str, token: str) -> None:
+        """Give the lease back if still ours."""
+        self._release(keys=[self.lease_key(target)], args=[token])
+
+    def tombstones(self, target: str, ids: Sequence[str]) -> dict[str, Version]:
+        """The recorded deletes among `ids`."""
+        if not ids:
+            return {}
+        values = self.redis.hmget(self.tombstone_key(target), list(ids))
+        found: dict[str, Version] = {}
+        for row_id, value in zip(ids, values, strict=True):
+            if value is not None:
+                ts, _, region = _text(value).partition("|")
+                found[row_id] = Version(int(ts), region)
+        return found
+
+    def set_tombstones(self, target: str, deletes: Mapping[str, Version]) -> None:
+        """Record deletes before they are applied, so a newer-looking late upsert cannot win."""
+        if deletes:
+            mapping = {k: f"{v.ts_ms}|{v.region}" for k, v in deletes.items()}
+            self.redis.hset(self.tombstone_key(target), mapping=mapping)  # type: ignore[arg-type]
+
+    def clear_tombstones(self, target: str, ids: Sequence[str]) -> None:
+        """Forget deletes that a newer upsert has overridden."""
+        if ids:
+            self.redis.hdel(self.tombstone_key(target), *ids)
+
+    # freeze ----------------------------------------------------------------------------------
+
+    def freeze(self, reason: str, primary: str, since: str | None = None) -> str:
+        """Set the freeze flag; returns the id after which the primary misses entries."""
+        result = self._freeze(
+            keys=[self.frozen_key, self.stream_key, self.target_key(primary)],
+            args=[reason, int(time.time() * 1000), since or ""],
+        )
+        return _text(result)
+
+    def freeze_state(self) -> FreezeState | None:
+        """The freeze flag, or None when writes flow."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.frozen_key))
+        if not raw:
+            return None
+        return FreezeState(
+            reason=_text(raw.get(b"reason", b"")),
+            since=_text(raw.get(b"since", ZERO_ID.encode())),
+            at_ms=int(raw.get(b"at_ms", b"0")),
+        )
+
+    def clear_freeze_if_caught_up(self, primary: str) -> bool:
+        """Clear the flag iff the primary's catch-up checkpoint has reached the last entry."""
+        keys = [self.frozen_key, self.stream_key, self.target_key(primary)]
+        return bool(int(self._unfreeze(keys=keys)))
+
+    # replay range ----------------------------------------------------------------------------
+
+    def replay_range(self, target: str) -> tuple[str, str] | None:
+        """The (after, until) range of an unfinished replay of `target`, if any."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.replay_key(target)))
+        if b"after" not in raw or b"until" not in raw:
+            return None
+        return _text(raw[b"after"]), _text(raw[b"until"])
+
+    def set_replay_range(self, target: str, after: str, until: str) -> None:
+        """Record a replay's range before it applies anything."""
+        self.redis.hset(self.replay_key(target), mapping={"after": after, "until": until})
+
+    def clear_replay_range(self, target: str) -> None:
+        """Forget the range once its verification passed."""
+        self.redis.delete(self.replay_key(target))
+
+    # pause -----------------------------------------------------------------------------------
+
+    def set_paused(self, target: str, paused: bool) -> None:
+        """Pause or resume a target's replicator."""
+        if paused:
+            self.redis.set(self.pause_key(target), b"1")
+        else:
+            self.redis.delete(self.pause_key(target))
+
+    def is_paused(self, target: str) -> bool:
+        """True while the target's replicator is paused."""
+        return bool(self.redis.exists(self.pause_key(target)))
+
+
+def new_token() -> str:
+    """A unique lease token for one applier."""
+    return uuid.uuid4().hex
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
