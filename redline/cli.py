@@ -65,6 +65,10 @@ from redline.cli_sessions import sessions_app  # noqa: E402
 
 app.add_typer(sessions_app, name="sessions")
 
+from redline.cli_index import index_app  # noqa: E402
+
+app.add_typer(index_app, name="index")
+
 
 def main() -> None:
     """Console-script entry point."""
