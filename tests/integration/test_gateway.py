@@ -1,0 +1,533 @@
+"""The gateway over real HTTP in front of two simulated regions, with a real Redis."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from prometheus_client import CollectorRegistry
+
+from redline.exporters.gateway import GatewaySettings, build_gateway_app
+from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER
+from redline.platform.processes import find_binary, free_port, start_redis
+from redline.platform.routing import RoutingStore
+from redline.platform.simulator import (
+    ServerThread,
+    SimulatorSettings,
+    build_simulator_app,
+    serve_in_thread,
+)
+from redline.slo.load import load_spec
+
+pytestmark = pytest.mark.integration
+
+BASE = "redline-base"
+REGIONS = ("primary", "secondary")
+
+
+def chat(prompt: str = "hello", model: str = BASE, **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], **extra}
+
+
+@dataclass
+class Gateway:
+    server: ServerThread
+    registry: CollectorRegistry
+    client: httpx.Client
+
+    def value(self, name: str, **labels: str) -> float:
+        """A sample's value, 0.0 when the series does not exist (yet)."""
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum of every sample of `name` whose labels include `labels`."""
+        out = 0.0
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    out += sample.value
+        return out
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[dict[str, ServerThread]]:
+    servers = {
+        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
+        for i, region in enumerate(REGIONS)
+    }
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture()
+def upstreams(sims: dict[str, ServerThread]) -> dict[str, str]:
+    """The regions' URLs, their faults reset."""
+    for server in sims.values():
+        httpx.post(f"{server.url}/admin/faults", json={}).raise_for_status()
+    return {region: server.url for region, server in sims.items()}
+
+
+def faults(url: str, **knobs: Any) -> None:
+    httpx.post(f"{url}/admin/faults", json=knobs).raise_for_status()
+
+
+@pytest.fixture()
+def start_gateway(redis_url: str) -> Iterator[Callable[..., Gateway]]:
+    started: list[Gateway] = []
+    spec = load_spec(None).spec
+
+    def start(upstreams: dict[str, str], **overrides: Any) -> Gateway:
+        settings = GatewaySettings(
+            upstreams=upstreams, redis_url=overrides.pop("redis_url", redis_url), **overrides
+        )
+        registry = CollectorRegistry()
+        server = serve_in_thread(build_gateway_app(settings, spec, registry))
+        gateway = Gateway(server, registry, httpx.Client(base_url=server.url, timeout=10.0))
+        started.append(gateway)
+        return gateway
+
+    yield start
+    for gateway in started:
+        gateway.client.close()
+        gateway.server.stop()
+
+
+def test_proxies_and_counts_tokens_from_usage(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    prompt_sum = completion_sum = 0
+    for item in GOLDEN_SET[:4]:
+        response = gw.client.post("/v1/chat/completions", json=chat(item.prompt))
+        assert response.status_code == 200
+        assert response.headers["x-redline-served-region"] == "primary"
+        assert response.headers["x-redline-rerouted"] == "false"
+        assert response.headers[MODEL_VERSION_HEADER] == "base"
+        usage = response.json()["usage"]
+        prompt_sum += usage["prompt_tokens"]
+        completion_sum += usage["completion_tokens"]
+    labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
+    assert gw.value("llm_prompt_tokens_total", **labels) == prompt_sum
+    assert gw.value("llm_generated_tokens_total", **labels) == completion_sum
+    request_labels = {
+        "region": "primary",
+        "served_region": "primary",
+        "rerouted": "false",
+        "model": BASE,
+        "model_version": "base",
+        "status": "200",
+    }
+    assert gw.value("llm_requests_total", **request_labels) == 4
+    assert gw.value("llm_request_duration_seconds_count", **request_labels) == 4
+    assert gw.value("llm_request_errors_total", **request_labels) == 0
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    assert raw.endswith(b"\n\n")
+    out: list[Any] = []
+    for event in raw[:-2].split(b"\n\n"):
+        assert event.startswith(b"data: ")
+        data = event[6:]
+        out.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return out
+
+
+def test_streaming_token_counters_match_usage(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
+    prompt = "count these five words"
+    # Asked for usage: the client gets the usage chunk, and the counters equal it.
+    body = chat(prompt, max_tokens=9, stream=True, stream_options={"include_usage": True})
+    events = sse_events(gw.client.post("/v1/chat/completions", json=body).content)
+    usage = events[-2]["usage"]
+    assert usage == {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13}
+    assert gw.value("llm_prompt_tokens_total", **labels) == 4
+    assert gw.value("llm_generated_tokens_total", **labels) == 9
+    # Not asked: the gateway still counts from upstream usage, and the client sees none of it.
+    body = chat(prompt, max_tokens=6, stream=True)
+    events = sse_events(gw.client.post("/v1/chat/completions", json=body).content)
+    assert events[-1] == "[DONE]"
+    assert all(event["choices"] for event in events[:-1])
+    content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1])
+    assert len(content.split()) == 6
+    assert gw.value("llm_prompt_tokens_total", **labels) == 8
+    assert gw.value("llm_generated_tokens_total", **labels) == 15
+    assert gw.value("llm_time_to_first_token_seconds_count", **labels) == 2
+
+
+def test_counts_stream_chunks_when_the_upstream_sends_no_usage(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, inject_stream_usage=False)
+    gw.client.post("/v1/chat/completions", json=chat("x", max_tokens=7, stream=True))
+    labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
+    assert gw.value("llm_generated_tokens_total", **labels) == 7
+    assert gw.value("llm_prompt_tokens_total", **labels) == 0  # unknown without usage
+
+
+def test_streams_are_passed_through_not_buffered(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    faults(upstreams["primary"], tokens_per_second=25)
+    arrivals: list[float] = []
+    started = time.perf_counter()
+    with gw.client.stream(
+        "POST", "/v1/chat/completions", json=chat("x", max_tokens=10, stream=True)
+    ) as response:
+        for chunk in response.iter_raw():
+            if b'"content":"' in chunk:
+                arrivals.append(time.perf_counter() - started)
+    # 10 tokens at 25/s: a buffering proxy would deliver them all at once after ~0.4 s.
+    assert arrivals[0] < 0.2
+    assert arrivals[-1] - arrivals[0] >= 0.3
+
+
+def duration_labels(region: str, served: str, rerouted: str) -> dict[str, str]:
+    return {
+        "region": region,
+        "served_region": served,
+        "rerouted": rerouted,
+        "model": BASE,
+        "model_version": "base",
+        "status": "200",
+    }
+
+
+def test_reroute_on_5xx_records_full_latency(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    faults(upstreams["primary"], error_rate=1.0, latency={"base_seconds": 0.3})
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 200
+    assert response.headers["x-redline-served-region"] == "secondary"
+    assert response.headers["x-redline-rerouted"] == "true"
+    labels = duration_labels("primary", "secondary", "true")
+    assert gw.value("llm_request_duration_seconds_count", **labels) == 1
+    # The failed attempt's 0.3 s is in the recorded latency, so it is not in the 0.3 s bucket.
+    assert gw.value("llm_request_duration_seconds_sum", **labels) >= 0.3
+    assert gw.value("llm_request_duration_seconds_bucket", **labels, le="0.3") == 0
+    assert gw.value("llm_request_duration_seconds_bucket", **labels, le="0.5") == 1
+    assert (
+        gw.value(
+            "llm_reroutes_total",
+            from_region="primary",
+            to_region="secondary",
+            reason="server_error",
+        )
+        == 1
+    )
+    assert gw.total("llm_request_errors_total") == 0
+
+
+def test_reroute_when_the_primary_refuses_connections(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = start_gateway({"primary": dead, "secondary": upstreams["secondary"]})
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 200
+    assert response.headers["x-redline-served-region"] == "secondary"
+    assert (
+        gw.value(
+            "llm_request_duration_seconds_count", **duration_labels("primary", "secondary", "true")
+        )
+        == 1
+    )
+    assert (
+        gw.value(
+            "llm_reroutes_total",
+            from_region="primary",
+            to_region="secondary",
+            reason="connect_error",
+        )
+        == 1
+    )
+
+
+def test_reroute_when_the_first_byte_misses_the_budget(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, first_byte_budget_seconds=0.15)
+    faults(upstreams["primary"], outage="hang")
+    for body in (chat(), chat(stream=True)):
+        started = time.perf_counter()
+        response = gw.client.post("/v1/chat/completions", json=body)
+        elapsed = time.perf_counter() - started
+        assert response.status_code == 200
+        assert response.headers["x-redline-served-region"] == "secondary"
+        assert 0.15 <= elapsed < 0.6
+    labels = duration_labels("primary", "secondary", "true")
+    assert gw.value("llm_request_duration_seconds_count", **labels) == 2
+    assert gw.value("llm_request_duration_seconds_sum", **labels) >= 0.3
+    reason = {"from_region": "primary", "to_region": "secondary", "reason": "first_byte_budget"}
+    assert gw.value("llm_reroutes_total", **reason) == 2
+
+
+def test_the_last_region_is_not_cut_by_the_budget(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, first_byte_budget_seconds=0.1)
+    for url in upstreams.values():
+        faults(url, first_byte_delay_seconds=0.25)
+    started = time.perf_counter()
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 200
+    assert response.headers["x-redline-served-region"] == "secondary"
+    assert time.perf_counter() - started >= 0.35  # 0.1 s budget on the primary + 0.25 s
+
+
+def test_every_region_failing(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    for url in upstreams.values():
+        faults(url, error_rate=1.0, error_status=503)
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 503  # the last region's own answer, passed through
+    assert response.json()["error"]["message"] == "injected fault"
+    labels = {**duration_labels("primary", "secondary", "true"), "model_version": "unknown"}
+    assert gw.value("llm_request_errors_total", **{**labels, "status": "503"}) == 1
+
+    dead = {region: f"http://127.0.0.1:{free_port()}" for region in REGIONS}
+    gw = start_gateway(dead)
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 502
+    message = response.json()["error"]["message"]
+    assert "primary: connect error" in message and "secondary: connect error" in message
+    assert gw.total("llm_request_errors_total", status="502") == 1
+
+
+def test_4xx_is_passed_through_without_reroute(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    response = gw.client.post("/v1/chat/completions", json=chat(model="nope"))
+    assert response.status_code == 404
+    assert response.headers["x-redline-served-region"] == "primary"
+    assert gw.total("llm_reroutes_total") == 0
+    assert gw.total("llm_requests_total", status="404", model="nope") == 1
+    assert gw.total("llm_request_errors_total") == 0
+
+
+def test_bad_input_is_rejected_by_the_gateway(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, max_body_bytes=1024)
+    response = gw.client.post(
+        "/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert "not valid JSON" in response.json()["error"]["message"]
+    big = chat("word " * 400)
+    response = gw.client.post("/v1/chat/completions", json=big)
+    assert response.status_code == 413
+    assert gw.total("llm_requests_total", region="none") == 2
+    assert gw.client.post("/v1/embeddings", json={}).status_code == 404
+
+
+def test_repeatedly_failing_region_is_tried_last(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, unhealthy_after_failures=2, unhealthy_cooldown_seconds=0.5)
+    faults(upstreams["primary"], error_rate=1.0)
+    for _ in range(2):
+        assert gw.client.post("/v1/chat/completions", json=chat()).status_code == 200
+    assert gw.client.get("/healthz").json()["unhealthy"] == ["primary"]
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.headers["x-redline-rerouted"] == "false"  # went straight to the secondary
+    assert gw.value("llm_requests_total", **duration_labels("secondary", "secondary", "false")) == 1
+    faults(upstreams["primary"])
+    time.sleep(0.55)
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.headers["x-redline-served-region"] == "primary"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 3.0) -> float:
+    started = time.perf_counter()
+    while not predicate():
+        assert time.perf_counter() - started < timeout, "condition not reached"
+        time.sleep(0.02)
+    return time.perf_counter() - started
+
+
+def served_by(gw: Gateway) -> str:
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 200
+    return response.headers["x-redline-served-region"]
+
+
+def test_routing_override_moves_traffic(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway], redis_url: str
+) -> None:
+    gw = start_gateway(upstreams, routing_refresh_seconds=0.2)
+    store = RoutingStore.from_url(redis_url, regions=REGIONS)
+    try:
+        assert served_by(gw) == "primary"
+        store.set_override("secondary", "drill: primary degraded")
+        assert wait_for(lambda: served_by(gw) == "secondary") <= 1.0
+        for _ in range(5):
+            assert served_by(gw) == "secondary"
+        labels = duration_labels("secondary", "secondary", "false")
+        assert gw.value("llm_requests_total", **labels) >= 6
+        assert gw.client.get("/healthz").json()["override"] == "secondary"
+        store.clear_override()
+        assert wait_for(lambda: served_by(gw) == "primary") <= 1.0
+        store.set_override("secondary", "short", ttl_seconds=0.4)
+        wait_for(lambda: served_by(gw) == "secondary")
+        wait_for(lambda: served_by(gw) == "primary")  # the override lapsed by itself
+        store.close_admission("primary", "spot notice")
+        wait_for(lambda: served_by(gw) == "secondary")
+        assert store.get_admission("primary").open is False
+        store.open_admission("primary")
+        wait_for(lambda: served_by(gw) == "primary")
+    finally:
+        store.close()
+
+
+def test_garbage_in_the_routing_store_is_ignored(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway], redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    client.set("redline:routing:override", b"\x00not json")
+    client.close()
+    gw = start_gateway(upstreams)
+    assert served_by(gw) == "primary"
+
+
+def test_redis_down_does_not_break_the_gateway(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    own = start_redis(tmp_path / "redis")
+    try:
+        gw = start_gateway(upstreams, redis_url=own.extra["url"], routing_refresh_seconds=0.2)
+        store = RoutingStore.from_url(own.extra["url"])
+        store.set_override("secondary", "test")
+        store.close()
+        wait_for(lambda: served_by(gw) == "secondary")
+        assert gw.value("llm_gateway_routing_store_up") == 1
+        own.kill()
+        wait_for(lambda: gw.value("llm_gateway_routing_store_up") == 0)
+        # Redis is gone: the configured order applies and no request fails or waits on it.
+        for _ in range(20):
+            started = time.perf_counter()
+            assert served_by(gw) == "primary"
+            assert time.perf_counter() - started < 0.2
+    finally:
+        own.stop()
+    never = start_gateway(upstreams, redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    assert served_by(never) == "primary"
+    assert never.client.get("/healthz").json()["routing_store_up"] is False
+
+
+def test_model_version_label_follows_the_served_adapter(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    gw = start_gateway(upstreams)
+    adapter = tmp_path / "chat" / "v3"
+    adapter.mkdir(parents=True)
+    url = upstreams["primary"]
+    loaded = httpx.post(
+        f"{url}/v1/load_lora_adapter", json={"lora_name": "chat", "lora_path": str(adapter)}
+    )
+    assert loaded.status_code == 200
+    try:
+        response = gw.client.post("/v1/chat/completions", json=chat(model="chat"))
+        assert response.headers[MODEL_VERSION_HEADER] == "v3"
+        labels = {**duration_labels("primary", "primary", "false"), "model": "chat"}
+        assert gw.value("llm_requests_total", **{**labels, "model_version": "v3"}) == 1
+    finally:
+        httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "chat"})
+
+
+def test_model_label_is_bounded(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, max_model_labels=2)
+    for name in ("a", "b", "c", "d"):
+        gw.client.post("/v1/chat/completions", json=chat(model=name))
+    models = {
+        sample.labels["model"]
+        for family in gw.registry.collect()
+        for sample in family.samples
+        if sample.name == "llm_requests_total"
+    }
+    assert models == {"a", "b", "other"}
+
+
+def test_client_that_walks_away_is_recorded_as_499(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    faults(upstreams["primary"], tokens_per_second=20)
+    with gw.client.stream(
+        "POST", "/v1/chat/completions", json=chat(max_tokens=40, stream=True)
+    ) as response:
+        next(response.iter_raw())
+    wait_for(lambda: gw.total("llm_requests_total", status="499") == 1)
+    assert gw.total("llm_request_errors_total") == 0
+
+
+def test_promtool_accepts_the_exposition(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, first_byte_budget_seconds=0.2)
+    gw.client.post("/v1/chat/completions", json=chat())
+    gw.client.post("/v1/chat/completions", json=chat(stream=True))
+    faults(upstreams["primary"], error_rate=1.0)
+    gw.client.post("/v1/chat/completions", json=chat())
+    gw.client.post("/v1/chat/completions", content=b"nope")
+    response = gw.client.get("/metrics")
+    assert response.status_code == 200
+    text = response.text
+    for name in (
+        "llm_request_duration_seconds_bucket",
+        "llm_requests_total",
+        "llm_request_errors_total",
+        "llm_reroutes_total",
+        "llm_generated_tokens_total",
+        "llm_prompt_tokens_total",
+        "llm_time_to_first_token_seconds_bucket",
+    ):
+        assert f"\n{name}{{" in text, name
+    assert 'le="0.8"' in text
+    assert "_created" not in text
+    result = subprocess.run(
+        [find_binary("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_created_series_can_be_turned_on(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams, created_series=True)
+    gw.client.post("/v1/chat/completions", json=chat())
+    assert "llm_requests_created{" in gw.client.get("/metrics").text
+
+
+def test_models_are_proxied(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    response = gw.client.get("/v1/models")
+    assert response.status_code == 200
+    assert response.json()["data"][0]["id"] == BASE
+    assert gw.total("llm_requests_total") == 0  # not an inference request
