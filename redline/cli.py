@@ -70,6 +70,11 @@ from redline.cli_index import index_app  # noqa: E402
 app.add_typer(index_app, name="index")
 
 
+from redline.cli_exporters import register_exporter_commands  # noqa: E402
+
+register_exporter_commands(app)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
