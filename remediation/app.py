@@ -1,0 +1,383 @@
+"""The webhook receiver: `build_receiver_app(settings)` returns the FastAPI app.
+
+Routes: `POST /alerts` (Alertmanager webhook v4), `GET /jobs/{id}`, `GET /jobs`, `/healthz`,
+`/readyz`, `/metrics`, `/openapi.json`. `POST /alerts` checks, in order: the bearer token
+(401; constant-time compare; before the body is read), the content type (415), the size (413,
+from Content-Length and again while the body streams in, so an oversized body is never buffered
+whole), the payload (422 naming the field). It answers 202 once every new job is in Redis, 200
+when everything was already recorded (a duplicate delivery) or needs no playbook, and 503 when
+Redis is unreachable so Alertmanager retries. The token never reaches a log.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+import redis
+import redis.asyncio as aredis
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request, Security
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, Field, SecretStr, ValidationError
+
+from redline.remediation.audit import AsyncAuditLog, AuditEntry, AuditError
+from redline.remediation.jobs import AsyncJobStore, IngestOutcome, Job, JobStatus
+from redline.remediation.metrics import WebhookCounters, build_families, render_metrics
+from redline.remediation.models import WebhookPayload
+from redline.remediation.settings import RemediationSettings
+
+log = logging.getLogger(__name__)
+
+JOB_ID = r"^[0-9a-f]{32}$"
+BEARER = HTTPBearer(auto_error=False, description="The webhook bearer token.")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
+STORE_DOWN = "job store (Redis) unavailable; nothing was recorded, retry later"
+
+
+class AlertOutcome(BaseModel):
+    """What became of one alert of a delivery."""
+
+    fingerprint: str
+    status: str
+    playbook: str | None
+    job_id: str | None = Field(description="The job, for accepted and duplicate alerts.")
+    result: Literal["accepted", "duplicate", "acknowledged"] = Field(
+        description="accepted: new job; duplicate: already recorded; acknowledged: no playbook."
+    )
+
+
+class IngestResponse(BaseModel):
+    """The answer to a delivery."""
+
+    accepted: int = Field(description="New jobs enqueued.")
+    duplicates: int = Field(description="Alerts already recorded; nothing run again.")
+    acknowledged: int = Field(description="New alerts without a playbook label (audited only).")
+    alerts: list[AlertOutcome]
+
+
+class JobList(BaseModel):
+    """A page of jobs, newest first."""
+
+    jobs: list[Job]
+
+
+class Problem(BaseModel):
+    """An error answer."""
+
+    detail: Any = Field(description="What was wrong; for 422 the list of field errors.")
+    message: str | None = Field(None, description="A one-line summary.")
+
+
+class ReceiverState:
+    """What the routes share: settings, token, counters and (while running) Redis clients."""
+
+    def __init__(self, settings: RemediationSettings, token: SecretStr) -> None:
+        self.settings = settings
+        self.token = token.get_secret_value().encode("utf-8")
+        self.counters = WebhookCounters()
+        self._client: aredis.Redis | None = None
+        self._store: AsyncJobStore | None = None
+        self._audit: AsyncAuditLog | None = None
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Open the Redis client for the app's lifetime."""
+        client = aredis.Redis.from_url(
+            self.settings.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=1.0,
+            socket_timeout=3.0,
+        )
+        self._client = client
+        self._store = AsyncJobStore(
+            client, self.settings.key_prefix, self.settings.retention_seconds
+        )
+        self._audit = AsyncAuditLog(client, self.settings.key_prefix, self.settings.audit_file)
+        try:
+            await self._store.ensure_group()
+        except redis.RedisError as exc:
+            log.warning("Redis unavailable at start-up (%s); /readyz reports it", exc)
+        try:
+            yield
+        finally:
+            self._client = self._store = self._audit = None
+            await client.aclose()
+
+    @property
+    def store(self) -> AsyncJobStore:
+        """The job store (only while the app runs)."""
+        if self._store is None:
+            raise RuntimeError("the receiver app is not running (lifespan not started)")
+        return self._store
+
+    @property
+    def audit(self) -> AsyncAuditLog:
+        """The audit appender (only while the app runs)."""
+        if self._audit is None:
+            raise RuntimeError("the receiver app is not running (lifespan not started)")
+        return self._audit
+
+    def check_token(self, credentials: HTTPAuthorizationCredentials | None) -> None:
+        """401 unless the request carries the bearer token (constant-time compare)."""
+        offered = credentials.credentials.encode("utf-8") if credentials else b""
+        if not credentials or not hmac.compare_digest(offered, self.token):
+            raise HTTPException(
+                status_code=401,
+                detail="missing or wrong bearer token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+
+def _problem(status: int, detail: Any, message: str | None = None, **headers: str) -> JSONResponse:
+    summary = message if message is not None else (detail if isinstance(detail, str) else None)
+    return JSONResponse({"detail": detail, "message": summary}, status_code=status, headers=headers)
+
+
+def _validation_problem(exc: ValidationError) -> JSONResponse:
+    errors = [
+        {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
+        for err in exc.errors(include_url=False, include_input=False, include_context=False)
+    ]
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return _problem(
+        422, errors, f"invalid Alertmanager webhook payload (v4): {where}: {first['msg']}{more}"
+    )
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it exceeds `limit` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body.extend(chunk)
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
+def _audit_entries(payload: WebhookPayload, outcomes: list[IngestOutcome]) -> list[AuditEntry]:
+    entries: list[AuditEntry] = []
+    for alert, outcome in zip(payload.alerts, outcomes, strict=True):
+        common = {
+            "fingerprint": alert.fingerprint,
+            "status": alert.status,
+            "alertname": alert.labels.get("alertname", ""),
+            "receiver": payload.receiver,
+            "group_key": payload.group_key,
+        }
+        if outcome.result == "accepted":
+            entries.append(
+                AuditEntry("job.accepted", outcome.job_id, {**common, "playbook": alert.playbook})
+            )
+        elif outcome.result == "acknowledged":
+            entries.append(
+                AuditEntry("alert.acknowledged", None, {**common, "labels": dict(alert.labels)})
+            )
+    return entries
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "Missing or wrong bearer token."},
+    503: {"model": Problem, "description": "Redis unreachable; retry."},
+}
+
+
+def build_alerts_router(state: ReceiverState) -> APIRouter:
+    """`POST /alerts`."""
+    router = APIRouter(tags=["alerts"])
+
+    def authorized(credentials: Credentials) -> None:
+        state.check_token(credentials)
+
+    @router.post(
+        "/alerts",
+        status_code=202,
+        response_model=IngestResponse,
+        dependencies=[Depends(authorized)],
+        summary="Receive an Alertmanager webhook notification (payload version 4).",
+        responses={
+            **_ERRORS,
+            200: {
+                "model": IngestResponse,
+                "description": "Nothing new: duplicates or no playbook.",
+            },
+            202: {"model": IngestResponse, "description": "New jobs durably enqueued."},
+            413: {"model": Problem, "description": "Body larger than the limit."},
+            415: {"model": Problem, "description": "Content type is not application/json."},
+            422: {"model": Problem, "description": "Not a valid v4 payload; names the field."},
+        },
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/WebhookPayload"}}
+                },
+            }
+        },
+    )
+    async def post_alerts(request: Request) -> Response:
+        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            return _problem(415, f"content type must be application/json, not {media_type!r}")
+        limit = state.settings.max_body_bytes
+        body = await _read_body(request, limit)
+        if body is None:
+            return _problem(413, f"body larger than {limit} bytes")
+        try:
+            payload = WebhookPayload.model_validate_json(body)
+        except ValidationError as exc:
+            return _validation_problem(exc)
+        try:
+            outcomes = await state.store.ingest(payload, state.settings.dry_run)
+        except redis.RedisError as exc:
+            log.warning("POST /alerts: %s (%s)", STORE_DOWN, type(exc).__name__)
+            return _problem(503, STORE_DOWN, **{"Retry-After": "1"})
+        results = Counter(outcome.result for outcome in outcomes)
+        state.counters.count(
+            Counter(alert.status for alert in payload.alerts), results["duplicate"]
+        )
+        try:
+            await state.audit.append_many(_audit_entries(payload, outcomes))
+        except (redis.RedisError, AuditError) as exc:
+            # The jobs are recorded; the worker's job.started record carries the full alert.
+            log.error("POST /alerts: audit trail not appended: %s", exc)
+            return _problem(503, "jobs recorded but the audit trail is unavailable; retry")
+        answer = IngestResponse(
+            accepted=results["accepted"],
+            duplicates=results["duplicate"],
+            acknowledged=results["acknowledged"],
+            alerts=[AlertOutcome(**vars(outcome)) for outcome in outcomes],
+        )
+        return JSONResponse(
+            answer.model_dump(mode="json"), status_code=202 if results["accepted"] else 200
+        )
+
+    return router
+
+
+def build_jobs_router(state: ReceiverState) -> APIRouter:
+    """`GET /jobs`, `GET /jobs/{job_id}`."""
+    router = APIRouter(tags=["jobs"])
+
+    def authorized(credentials: Credentials) -> None:
+        state.check_token(credentials)
+
+    @router.get(
+        "/jobs/{job_id}",
+        response_model=Job,
+        dependencies=[Depends(authorized)],
+        responses={**_ERRORS, 404: {"model": Problem, "description": "No such job."}},
+        summary="One job with its plan and recorded steps.",
+    )
+    async def get_job(job_id: Annotated[str, Path(pattern=JOB_ID)]) -> Response:
+        try:
+            job = await state.store.get(job_id)
+        except redis.RedisError:
+            return _problem(503, STORE_DOWN, **{"Retry-After": "1"})
+        if job is None:
+            return _problem(404, f"no job {job_id}")
+        return JSONResponse(job.model_dump(mode="json"))
+
+    @router.get(
+        "/jobs",
+        response_model=JobList,
+        dependencies=[Depends(authorized)],
+        responses=_ERRORS,
+        summary="Recent jobs, newest first, filtered by playbook and status.",
+    )
+    async def list_jobs(
+        playbook: Annotated[str | None, Query(max_length=64)] = None,
+        status: JobStatus | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> Response:
+        try:
+            jobs = await state.store.list_jobs(playbook, status, limit)
+        except redis.RedisError:
+            return _problem(503, STORE_DOWN, **{"Retry-After": "1"})
+        return JSONResponse(JobList(jobs=jobs).model_dump(mode="json"))
+
+    return router
+
+
+def build_ops_router(state: ReceiverState) -> APIRouter:
+    """`/healthz`, `/readyz`, `/metrics`."""
+    router = APIRouter(tags=["operations"])
+
+    @router.get("/healthz", summary="The process is up.")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @router.get(
+        "/readyz",
+        summary="Redis is reachable.",
+        responses={503: {"model": Problem, "description": "Redis unreachable."}},
+    )
+    async def readyz() -> Response:
+        try:
+            await state.store.ping()
+        except redis.RedisError as exc:
+            return _problem(503, f"redis unreachable: {type(exc).__name__}")
+        return JSONResponse({"status": "ready"})
+
+    @router.get(
+        "/metrics",
+        summary="Prometheus metrics.",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+    )
+    async def metrics() -> Response:
+        alerts, duplicates = state.counters.snapshot()
+        try:
+            runs: dict[str, str] | None = await state.store.run_metrics()
+        except redis.RedisError:
+            runs = None  # scrape still works; run metrics are absent until Redis is back
+        body = render_metrics(build_families(alerts, duplicates, runs))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def build_receiver_app(settings: RemediationSettings, *, token: SecretStr | None = None) -> FastAPI:
+    """The receiver app; `token` defaults to `settings.resolve_token()` (file or env)."""
+    state = ReceiverState(settings, token if token is not None else settings.resolve_token())
+    app = FastAPI(
+        title="redline remediation receiver",
+        version="1",
+        description="Alertmanager webhook receiver: durable, idempotent, audited remediation.",
+        lifespan=state.lifespan,
+    )
+    app.state.receiver = state
+    app.include_router(build_alerts_router(state))
+    app.include_router(build_jobs_router(state))
+    app.include_router(build_ops_router(state))
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            payload = WebhookPayload.model_json_schema(
+                by_alias=True, ref_template="#/components/schemas/{model}"
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(payload.pop("$defs", {}))
+            components["WebhookPayload"] = payload
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

@@ -1,0 +1,442 @@
+"""The hash-chained audit trail: every job and step, in Redis (authoritative) and a JSONL mirror.
+
+Each record is a JSON object `{seq, ts, kind, job_id, data, prev, hash}`: `prev` is the `hash` of
+the record before it (64 zeros for the first) and `hash` is the SHA-256 of the canonical JSON
+(sorted keys, no spaces, UTF-8) of the record without `hash`. Editing a record breaks its hash;
+removing, inserting or reordering records breaks `seq` and the `prev` links. The head
+(`<count>:<last hash>`) is kept in its own key, so a truncated Redis list is detected too.
+
+Appends are serialized across processes by a compare-and-set Lua script on the head: a writer
+builds its records on the head it knows and the script appends them only if that head is still
+current; otherwise it returns the current head and the writer rebuilds. The chain can never
+fork. The JSONL file mirrors the Redis list in chain order: after each commit the writer takes
+an exclusive `flock` on the file and appends the records that follow the file's last `seq`,
+read back from Redis, so concurrent writers never interleave out of order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import os
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import redis
+import redis.asyncio as aredis
+
+log = logging.getLogger(__name__)
+
+GENESIS = "0" * 64
+RECORD_FIELDS = ("seq", "ts", "kind", "job_id", "data", "prev", "hash")
+
+_APPEND_LUA = """
+local head = redis.call('GET', KEYS[2])
+if not head then
+  if redis.call('LLEN', KEYS[1]) > 0 then return {-1, 'audit head key missing'} end
+  head = '0:' .. ARGV[3]
+end
+if head ~= ARGV[1] then return {0, head} end
+for i = 4, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+redis.call('SET', KEYS[2], ARGV[2])
+return {1, ARGV[2]}
+"""
+
+
+class AuditError(Exception):
+    """The audit trail could not be appended to (its head is missing or the chain is contended)."""
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """What a caller appends: a kind (`job.accepted`, `step`, ...), the job and its details."""
+
+    kind: str
+    job_id: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Head:
+    """The end of the chain: how many records there are and the hash of the last one."""
+
+    count: int
+    hash: str
+
+    def render(self) -> str:
+        """The `<count>:<hash>` form stored in Redis."""
+        return f"{self.count}:{self.hash}"
+
+    @classmethod
+    def parse(cls, text: str) -> Head:
+        """Parse `<count>:<hash>`."""
+        count, _, digest = text.partition(":")
+        return cls(int(count), digest)
+
+
+EMPTY_HEAD = Head(0, GENESIS)
+
+
+def canonical_json(value: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, non-ASCII kept, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def record_hash(record: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of `record` without its `hash` field."""
+    body = {k: v for k, v in record.items() if k != "hash"}
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    # Records must survive a JSON round trip unchanged, or verification would flag them.
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def build_records(head: Head, entries: Sequence[AuditEntry], now: datetime) -> list[str]:
+    """The serialized records that extend the chain at `head` with `entries`, in order."""
+    records: list[str] = []
+    prev = head.hash
+    stamp = now.astimezone(UTC).isoformat(timespec="microseconds")
+    for offset, entry in enumerate(entries):
+        record: dict[str, Any] = {
+            "seq": head.count + offset,
+            "ts": stamp,
+            "kind": entry.kind,
+            "job_id": entry.job_id,
+            "data": _jsonable(entry.data),
+            "prev": prev,
+        }
+        record["hash"] = prev = record_hash(record)
+        records.append(canonical_json(record))
+    return records
+
+
+def head_after(head: Head, records: Sequence[str]) -> Head:
+    """The head once `records` (built on `head`) are appended."""
+    if not records:
+        return head
+    return Head(head.count + len(records), json.loads(records[-1])["hash"])
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of a verification: intact, or the first bad record's index and why."""
+
+    ok: bool
+    count: int
+    index: int | None = None
+    reason: str = ""
+    last_hash: str = GENESIS
+
+    def render(self, source: str) -> str:
+        """One line for the CLI."""
+        if self.ok:
+            return f"{source}: ok: {self.count} records, head {self.last_hash[:16]}"
+        return f"{source}: record {self.index}: {self.reason}"
+
+
+def verify_records(lines: Iterable[str]) -> VerifyResult:
+    """Check the chain: each record's hash, its `seq` against its position, its `prev` link."""
+    prev = GENESIS
+    count = 0
+    for index, line in enumerate(lines):
+        count = index + 1
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            return VerifyResult(False, count, index, f"not valid JSON ({exc.msg})", prev)
+        if not isinstance(record, dict) or set(record) != set(RECORD_FIELDS):
+            return VerifyResult(
+                False, count, index, f"not an audit record (fields {', '.join(RECORD_FIELDS)})"
+            )
+        if record_hash(record) != record["hash"]:
+            return VerifyResult(
+                False, count, index, "content does not match its hash: the record was edited", prev
+            )
+        if record["seq"] != index:
+            return VerifyResult(
+                False,
+                count,
+                index,
+                f"carries seq {record['seq']} at position {index}: "
+                "a record was removed, inserted or reordered",
+                prev,
+            )
+        if record["prev"] != prev:
+            return VerifyResult(
+                False,
+                count,
+                index,
+                f"prev does not match the hash of record {index - 1}: "
+                "a record was edited, removed, inserted or reordered",
+                prev,
+            )
+        prev = record["hash"]
+    return VerifyResult(True, count, None, "", prev)
+
+
+def verify_against_head(result: VerifyResult, head: Head | None) -> VerifyResult:
+    """Also require the chain to end where the stored head says (catches a truncated tail)."""
+    if not result.ok:
+        return result
+    expected = head or EMPTY_HEAD
+    if expected.count != result.count or expected.hash != result.last_hash:
+        return VerifyResult(
+            False,
+            result.count,
+            min(result.count, expected.count),
+            f"the chain ends at {result.count} records but the head says {expected.count} "
+            f"({expected.hash[:16]}): records were removed from the end or the head was altered",
+            result.last_hash,
+        )
+    return result
+
+
+def compare_mirrors(primary: VerifyResult, mirror: VerifyResult, what: str) -> VerifyResult:
+    """Both copies intact: require the mirror to hold the same chain (same length and head)."""
+    if not (primary.ok and mirror.ok):
+        return mirror if primary.ok else primary
+    if primary.count != mirror.count or primary.last_hash != mirror.last_hash:
+        return VerifyResult(
+            False,
+            mirror.count,
+            min(primary.count, mirror.count),
+            f"{what} holds {mirror.count} records, Redis {primary.count}: the copies diverge",
+            mirror.last_hash,
+        )
+    return primary
+
+
+def read_file_records(path: Path) -> list[str]:
+    """The lines of a JSONL audit file (empty lines skipped)."""
+    with path.open("r", encoding="utf-8") as handle:
+        return [line.rstrip("\n") for line in handle if line.strip()]
+
+
+def _last_seq(handle: Any) -> int:
+    # Read backwards from the end to the last complete line; records can be long.
+    handle.seek(0, os.SEEK_END)
+    end = handle.tell()
+    if end == 0:
+        return -1
+    chunk = 65536
+    position = end
+    tail = b""
+    while position > 0:
+        step = min(chunk, position)
+        position -= step
+        handle.seek(position)
+        tail = handle.read(step) + tail
+        stripped = tail.rstrip(b"\n")
+        newline = stripped.rfind(b"\n")
+        if newline >= 0 or position == 0:
+            last = stripped[newline + 1 :]
+            try:
+                seq = json.loads(last)["seq"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise AuditError(f"audit file's last line is not a record: {exc}") from None
+            return int(seq)
+    return -1
+
+
+def mirror_to_file(path: Path, records: Sequence[str], first_seq: int) -> int:
+    """Append to `path` those of `records` (seq `first_seq`…) that follow its last line.
+
+    Holds an exclusive flock while reading the last seq and appending, so concurrent writers
+    (threads or processes) keep the file in chain order. Returns how many lines were written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            last = _last_seq(handle)
+            skip = last + 1 - first_seq
+            if skip < 0:
+                return 0  # records before these are missing; whoever fetched them writes them
+            todo = records[skip:]
+            if todo:
+                handle.seek(0, os.SEEK_END)
+                handle.write("".join(f"{line}\n" for line in todo).encode("utf-8"))
+                handle.flush()
+            return len(todo)
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def file_last_seq(path: Path) -> int:
+    """The seq of the file's last record (-1 when missing or empty)."""
+    if not path.exists():
+        return -1
+    with path.open("rb") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        try:
+            return _last_seq(handle)
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@dataclass(frozen=True)
+class AuditKeys:
+    """Redis keys of the trail (hash-tagged so they share a cluster slot)."""
+
+    records: str
+    head: str
+
+    @classmethod
+    def for_prefix(cls, prefix: str) -> AuditKeys:
+        """Keys under `{prefix}`."""
+        return cls(records=f"{{{prefix}}}:audit", head=f"{{{prefix}}}:audit:head")
+
+
+def _parse_reply(reply: Any) -> tuple[int, str]:
+    status, value = reply
+    return int(status), str(value)
+
+
+class AuditLog:
+    """Synchronous appender and reader (workers, CLI)."""
+
+    def __init__(self, client: redis.Redis, prefix: str, file: Path | None = None) -> None:
+        self._client = client
+        self.keys = AuditKeys.for_prefix(prefix)
+        self.file = file
+        self._script = client.register_script(_APPEND_LUA)
+        self._lock = threading.Lock()
+        self._head = EMPTY_HEAD
+
+    def append(self, kind: str, job_id: str | None = None, **data: Any) -> None:
+        """Append one record."""
+        self.append_many([AuditEntry(kind, job_id, data)])
+
+    def append_many(self, entries: Sequence[AuditEntry]) -> None:
+        """Append `entries` as consecutive records, then bring the JSONL mirror up to date."""
+        if not entries:
+            return
+        with self._lock:
+            for _ in range(1000):
+                records = build_records(self._head, entries, datetime.now(UTC))
+                new_head = head_after(self._head, records)
+                status, value = _parse_reply(
+                    self._script(
+                        keys=[self.keys.records, self.keys.head],
+                        args=[self._head.render(), new_head.render(), GENESIS, *records],
+                    )
+                )
+                if status == 1:
+                    self._head = new_head
+                    break
+                if status < 0:
+                    raise AuditError(value)
+                self._head = Head.parse(value)
+            else:
+                raise AuditError("audit append kept conflicting with other writers")
+        self.sync_file()
+
+    def sync_file(self) -> None:
+        """Append to the JSONL mirror every record it does not have yet."""
+        if self.file is None:
+            return
+        try:
+            start = file_last_seq(self.file) + 1
+            lines = cast(list[str], self._client.lrange(self.keys.records, start, -1))
+            if lines:
+                mirror_to_file(self.file, lines, start)
+        except (OSError, AuditError) as exc:
+            # Redis holds the authoritative chain; a broken mirror must not stop remediation.
+            log.error("audit mirror %s not updated: %s", self.file, exc)
+
+    def head(self) -> Head | None:
+        """The stored head, or None when the trail is empty."""
+        raw = cast(str | None, self._client.get(self.keys.head))
+        return Head.parse(raw) if raw else None
+
+    def records(self) -> list[str]:
+        """Every record, in chain order."""
+        return cast(list[str], self._client.lrange(self.keys.records, 0, -1))
+
+    def verify(self) -> VerifyResult:
+        """Verify the Redis copy, including its head."""
+        head = self.head()
+        return verify_against_head(verify_records(self.records()), head)
+
+
+class AsyncAuditLog:
+    """The receiver's appender: concurrent requests are committed together (group commit)."""
+
+    def __init__(self, client: aredis.Redis, prefix: str, file: Path | None = None) -> None:
+        self._client = client
+        self.keys = AuditKeys.for_prefix(prefix)
+        self.file = file
+        self._script = client.register_script(_APPEND_LUA)
+        self._lock = asyncio.Lock()
+        self._pending: list[tuple[Sequence[AuditEntry], asyncio.Future[None]]] = []
+        self._head = EMPTY_HEAD
+
+    async def append_many(self, entries: Sequence[AuditEntry]) -> None:
+        """Append `entries` (with whatever else is waiting) and return once they are in Redis."""
+        if not entries:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((entries, future))
+        async with self._lock:
+            if not future.done():
+                batch, self._pending = self._pending, []
+                try:
+                    await self._commit([entry for group, _ in batch for entry in group])
+                except (redis.RedisError, AuditError) as exc:
+                    for _, waiting in batch:
+                        waiting.set_exception(exc)
+                except BaseException:
+                    # Cancelled mid-commit: the others must not wait forever.
+                    for _, waiting in batch:
+                        if waiting is not future:
+                            waiting.set_exception(AuditError("audit commit interrupted"))
+                    raise
+                else:
+                    for _, waiting in batch:
+                        waiting.set_result(None)
+        await future
+
+    async def _commit(self, entries: list[AuditEntry]) -> None:
+        for _ in range(1000):
+            records = build_records(self._head, entries, datetime.now(UTC))
+            new_head = head_after(self._head, records)
+            reply = await self._script(
+                keys=[self.keys.records, self.keys.head],
+                args=[self._head.render(), new_head.render(), GENESIS, *records],
+            )
+            status, value = _parse_reply(reply)
+            if status == 1:
+                self._head = new_head
+                break
+            if status < 0:
+                raise AuditError(value)
+            self._head = Head.parse(value)
+        else:
+            raise AuditError("audit append kept conflicting with other writers")
+        if self.file is not None:
+            file = self.file
+            try:
+                start = await asyncio.to_thread(file_last_seq, file) + 1
+                lines = cast(list[str], await self._client.lrange(self.keys.records, start, -1))
+                if lines:
+                    await asyncio.to_thread(mirror_to_file, file, lines, start)
+            except (OSError, AuditError) as exc:
+                log.error("audit mirror %s not updated: %s", file, exc)

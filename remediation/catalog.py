@@ -1,0 +1,42 @@
+"""Where registries come from: the built-in factory and loading a factory by `module:function`.
+
+`build_registry(settings)` is the default factory: it registers the built-in playbooks (the
+concrete `semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay` and
+`reroute` classes are registered here as they land, constructed from
+`settings.playbook_options[name]`). A deployment or a test names another factory with the
+`playbooks` setting (`--playbooks`, `REDLINE_PLAYBOOKS`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import cast
+
+from redline.remediation.playbook import PlaybookRegistry, RegistryError
+from redline.remediation.settings import RemediationSettings
+
+RegistryFactory = Callable[[RemediationSettings], PlaybookRegistry]
+
+
+def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
+    """The built-in playbooks (none registered yet: the concrete classes are added here)."""
+    return PlaybookRegistry()
+
+
+def load_registry(reference: str, settings: RemediationSettings) -> PlaybookRegistry:
+    """Import `module:function`, call it with `settings`; RegistryError with the reason."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise RegistryError(f"playbooks: {reference!r} is not of the form module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RegistryError(f"playbooks: cannot import {module_name}: {exc}") from None
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise RegistryError(f"playbooks: {module_name} has no function {attribute}")
+    registry = cast(RegistryFactory, factory)(settings)
+    if not isinstance(registry, PlaybookRegistry):
+        raise RegistryError(f"playbooks: {reference} returned {type(registry).__name__}")
+    return registry

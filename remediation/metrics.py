@@ -1,0 +1,110 @@
+"""The receiver's `/metrics`: webhook counters (this process) and run metrics (all workers).
+
+Workers may run in other processes, so run counters and the duration histogram live in Redis
+(`JobStore._count_run`) and are read back at scrape time; every replica of the receiver shows
+the same cluster-wide values (aggregate them with `max`, not `sum`). Families are built by a
+collector on a registry of the app's own, so no `_created` series and no global registry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from redline.remediation.jobs import DURATION_BUCKETS
+
+
+@dataclass
+class WebhookCounters:
+    """Per-process counts of received alerts and duplicate deliveries (thread-safe)."""
+
+    alerts: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, statuses: Mapping[str, int], duplicates: int) -> None:
+        """Add alerts by status and duplicate alerts."""
+        with self._lock:
+            self.alerts.update(statuses)
+            self.duplicates += duplicates
+
+    def snapshot(self) -> tuple[dict[str, int], int]:
+        """A consistent copy."""
+        with self._lock:
+            return dict(self.alerts), self.duplicates
+
+
+def build_families(
+    alerts: Mapping[str, int], duplicates: int, runs: Mapping[str, str] | None
+) -> list[Metric]:
+    """Metric families from the webhook counters and the raw run-metrics hash (None: unknown)."""
+    alerts_family = CounterMetricFamily(
+        "redline_webhook_alerts",
+        "Alerts received in valid webhook deliveries, by alert status.",
+        labels=["status"],
+    )
+    for status in sorted({"firing", "resolved", *alerts}):
+        alerts_family.add_metric([status], alerts.get(status, 0))
+    duplicates_family = CounterMetricFamily(
+        "redline_webhook_duplicates",
+        "Alerts already recorded (HA peers, retries, repeats): acknowledged, nothing run.",
+        value=duplicates,
+    )
+    families: list[Metric] = [alerts_family, duplicates_family]
+    if runs is None:
+        return families
+    runs_family = CounterMetricFamily(
+        "redline_remediation_runs",
+        "Playbook runs by final outcome (succeeded, failed, dry_run) or retry.",
+        labels=["playbook", "outcome"],
+    )
+    buckets: dict[str, list[int]] = {}
+    sums: dict[str, float] = {}
+    for name, raw in sorted(runs.items()):
+        kind, _, rest = name.partition("|")
+        if kind == "runs":
+            playbook, _, outcome = rest.partition("|")
+            runs_family.add_metric([playbook, outcome], float(raw))
+        elif kind == "bucket":
+            playbook, _, index = rest.partition("|")
+            counts = buckets.setdefault(playbook, [0] * (len(DURATION_BUCKETS) + 1))
+            counts[int(index)] += int(raw)
+        elif kind == "sum":
+            sums[rest] = float(raw)
+    duration_family = HistogramMetricFamily(
+        "redline_remediation_duration_seconds",
+        "Duration of playbook runs (one attempt each).",
+        labels=["playbook"],
+    )
+    for playbook, counts in sorted(buckets.items()):
+        cumulative = 0
+        series: list[tuple[str, float]] = []
+        for bound, count in zip(
+            [*map(floatToGoString, DURATION_BUCKETS), "+Inf"], counts, strict=True
+        ):
+            cumulative += count
+            series.append((bound, float(cumulative)))
+        duration_family.add_metric([playbook], series, sums.get(playbook, 0.0))
+    return [*families, runs_family, duration_family]
+
+
+class _Snapshot(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def render_metrics(families: list[Metric]) -> bytes:
+    """The text exposition of `families` (a fresh registry each scrape)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families))
+    return generate_latest(registry)

@@ -1,0 +1,221 @@
+"""The playbook framework: what a playbook is, what it is given, and the explicit registry.
+
+Writing a playbook
+------------------
+Subclass `Playbook`, set `name` (the alert's `playbook` label selects it) and `target_label`
+(the alert label naming what it acts on: `region`, `collection`, `model`, ...), and implement:
+
+- `plan(ctx) -> Sequence[PlannedStep]`: read state, decide the steps, change nothing. In dry-run
+  mode the worker stops here and the plan is the job's result.
+- `execute(ctx, step) -> StepResult`: carry out one planned step.
+- `verify(ctx) -> StepResult`: check the effect once every step has run.
+- optionally `plan_resolve(ctx)` / `resolve(ctx, step)`: the steps run when the alert resolves
+  (default: none). `ctx.firing_job` is the firing job's final record (e.g. unfreeze only if its
+  replay was verified).
+
+Rules every step follows:
+
+- Idempotent. The worker may run a step again: after a transient failure (retry from the first
+  step of the plan, which is re-made), or after the worker died and another one reclaimed the
+  job. A step must check state and do only what is still missing.
+- `raise TransientError(...)` for a failure worth retrying (a timeout, a busy dependency); the
+  job is retried with exponential backoff up to `max_attempts`, then ends `failed`.
+- Return `StepResult.failure(...)` (or raise any other exception) for a failure retrying will
+  not fix; the job ends `failed` at once, with the reason in `/jobs` and the audit trail.
+- Long steps call `ctx.ensure_lease()` now and then: it raises `LeaseLostError` when the target
+  lock or the job was taken over (this worker stalled past the claim time), so the step stops.
+- `ctx.record(name, detail, **data)` adds a sub-step record (a replayed batch, a probe result) to
+  the job and the audit trail; the worker already records plan, each step, verify and resolve.
+
+Registering
+-----------
+Playbook instances carry their dependencies (adapters, URLs), so the registry holds instances:
+`PlaybookRegistry([MyPlaybook(adapter)])` or `registry.register(MyPlaybook(adapter))`. There is
+no module-level registry: the CLI builds one with the factory named by the `playbooks` setting
+(`module:function`, called with the `RemediationSettings`; default
+`redline.remediation.catalog:build_registry`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import redis
+
+from redline.remediation.models import Alert
+
+if TYPE_CHECKING:
+    from redline.remediation.jobs import Job
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class PlaybookError(Exception):
+    """A playbook cannot do its work; the job ends failed with this message."""
+
+
+class TransientError(PlaybookError):
+    """A failure worth retrying (timeout, dependency busy): the job is retried with backoff."""
+
+
+class LeaseLostError(Exception):
+    """This worker no longer owns the job or the target lock; it must stop at once."""
+
+
+class RegistryError(Exception):
+    """A playbook cannot be registered (bad or duplicate name) or the factory cannot be loaded."""
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One step of a plan: a name, what it will do, and its parameters (JSON-serializable)."""
+
+    name: str
+    description: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, for the job record and the audit trail."""
+        return {"name": self.name, "description": self.description, "params": dict(self.params)}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The outcome of a step: ok or not, a human detail, and data for the record."""
+
+    ok: bool
+    detail: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def success(cls, detail: str = "", **data: Any) -> StepResult:
+        """A step that did what it should."""
+        return cls(True, detail, data)
+
+    @classmethod
+    def failure(cls, detail: str, **data: Any) -> StepResult:
+        """A step that failed for good (no retry)."""
+        return cls(False, detail, data)
+
+
+@dataclass(frozen=True)
+class PlaybookContext:
+    """Everything a playbook step is given by the worker."""
+
+    job_id: str
+    playbook: str
+    alert: Alert
+    target: str
+    dry_run: bool
+    attempt: int
+    redis: redis.Redis
+    firing_job: Job | None
+    log: logging.Logger
+    recorder: Callable[[str, str, Mapping[str, Any]], None]
+    lease_check: Callable[[], None]
+
+    @property
+    def resolved(self) -> bool:
+        """True when this job handles the alert's resolution."""
+        return self.alert.status == "resolved"
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        """The alert's labels."""
+        return self.alert.labels
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        """The alert's annotations."""
+        return self.alert.annotations
+
+    def record(self, name: str, detail: str = "", **data: Any) -> None:
+        """Add a sub-step record to the job and the audit trail."""
+        self.recorder(name, detail, data)
+
+    def ensure_lease(self) -> None:
+        """Raise LeaseLostError if the job or its target lock was taken over."""
+        self.lease_check()
+
+
+class Playbook(ABC):
+    """Base class of playbooks: `plan` → `execute` each step → `verify`; `resolve` on resolution."""
+
+    name: ClassVar[str]
+    target_label: ClassVar[str]
+
+    def target(self, alert: Alert) -> str:
+        """What the job acts on (the lock key): the `target_label` value of the alert."""
+        value = alert.labels.get(self.target_label, "").strip()
+        if not value:
+            raise PlaybookError(
+                f"playbook {self.name}: the alert has no {self.target_label!r} label "
+                f"(labels: {', '.join(sorted(alert.labels)) or 'none'})"
+            )
+        return f"{self.target_label}={value}"
+
+    @abstractmethod
+    def plan(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
+        """The steps a firing alert calls for; reads state, changes nothing."""
+
+    @abstractmethod
+    def execute(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult:
+        """Carry out one planned step, idempotently."""
+
+    @abstractmethod
+    def verify(self, ctx: PlaybookContext) -> StepResult:
+        """Check that the executed plan had its effect."""
+
+    def plan_resolve(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
+        """The steps the alert's resolution calls for (default: none)."""
+        return ()
+
+    def resolve(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult:
+        """Carry out one resolve step, idempotently."""
+        return StepResult.failure(f"playbook {self.name} planned {step.name} but has no resolve")
+
+
+class PlaybookRegistry:
+    """An explicit name → playbook mapping; built by the caller, never global."""
+
+    def __init__(self, playbooks: Iterable[Playbook] = ()) -> None:
+        self._playbooks: dict[str, Playbook] = {}
+        for playbook in playbooks:
+            self.register(playbook)
+
+    def register(self, playbook: Playbook) -> Playbook:
+        """Add `playbook`; RegistryError on a malformed or already registered name."""
+        name = getattr(playbook, "name", None)
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise RegistryError(
+                f"{type(playbook).__name__}: name {name!r} must match {_NAME.pattern}"
+            )
+        label = getattr(playbook, "target_label", None)
+        if not isinstance(label, str) or not label:
+            raise RegistryError(f"{type(playbook).__name__}: target_label must be a label name")
+        if name in self._playbooks:
+            raise RegistryError(f"playbook {name!r} is already registered")
+        self._playbooks[name] = playbook
+        return playbook
+
+    def get(self, name: str) -> Playbook | None:
+        """The playbook called `name`, if registered."""
+        return self._playbooks.get(name)
+
+    def names(self) -> tuple[str, ...]:
+        """Registered names, sorted."""
+        return tuple(sorted(self._playbooks))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._playbooks
+
+    def __iter__(self) -> Iterator[Playbook]:
+        return iter(self._playbooks.values())
+
+    def __len__(self) -> int:
+        return len(self._playbooks)
