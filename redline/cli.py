@@ -75,6 +75,11 @@ from redline.cli_exporters import register_exporter_commands  # noqa: E402
 register_exporter_commands(app)
 
 
+from redline.cli_remediation import register as register_remediation  # noqa: E402
+
+register_remediation(app)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
