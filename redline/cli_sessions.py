@@ -9,6 +9,8 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -91,15 +93,20 @@ def _min_seconds(spec: Path | None) -> float:
         raise typer.Exit(2) from None
 
 
-def _stop_on_signals() -> threading.Event:
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs; the old handlers come back after."""
     stop = threading.Event()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return stop
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @sessions_app.command()
@@ -120,7 +127,6 @@ def replica(
         session_group=group,
         session_consumer=consumer,
     )
-    stop = _stop_on_signals()
     source = open_redis(s.redis_url, timeout_seconds=5.0)
     target = open_redis(s.replica_url, timeout_seconds=5.0)
     try:
@@ -133,7 +139,8 @@ def replica(
             markup=False,
             highlight=False,
         )
-        worker.run(stop)
+        with _stop_on_signals() as stop:
+            worker.run(stop)
         console.print(
             f"session replica stopped: applied {worker.stats.applied}, acked {worker.stats.acked}",
             markup=False,
@@ -142,6 +149,29 @@ def replica(
     finally:
         source.close()
         target.close()
+
+
+def _demo_traffic(
+    store: SessionWriter, stop: threading.Event, sessions: int, rate: float, duration: float
+) -> int:
+    rng = random.Random(0)
+    turns: dict[str, list[str]] = {}
+    written = 0
+    deadline = time.monotonic() + duration if duration else None
+    for n in itertools.count():
+        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            break
+        session_id = f"demo-{n % sessions:04d}"
+        history = turns.setdefault(session_id, [])
+        history.append(f"turn {len(history) + 1}: {rng.choice(['hi', 'why?', 'go on'])}")
+        del history[:-10]  # the context window keeps the last ten turns
+        try:
+            store.write(session_id, json.dumps({"turns": history}))
+            written += 1
+        except REDIS_CONNECTION_ERRORS as exc:
+            log.warning("session write failed: %s", exc)
+        stop.wait(1.0 / rate)
+    return written
 
 
 @sessions_app.command()
@@ -160,27 +190,11 @@ def writer(
         config, redis_url=redis_url, session_stream=stream, session_ttl_seconds=ttl_seconds
     )
     retention = max(3600.0, 2 * _min_seconds(spec))
-    stop = _stop_on_signals()
     client = open_redis(s.redis_url, timeout_seconds=5.0)
-    rng = random.Random(0)
-    turns: dict[str, list[str]] = {}
-    written = 0
     try:
         store = SessionWriter(client, s.layout, s.session_ttl_seconds, retention)
-        deadline = time.monotonic() + duration if duration else None
-        for n in itertools.count():
-            if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
-                break
-            session_id = f"demo-{n % sessions:04d}"
-            history = turns.setdefault(session_id, [])
-            history.append(f"turn {len(history) + 1}: {rng.choice(['hi', 'why?', 'go on'])}")
-            del history[:-10]  # the context window keeps the last ten turns
-            try:
-                store.write(session_id, json.dumps({"turns": history}))
-                written += 1
-            except REDIS_CONNECTION_ERRORS as exc:
-                log.warning("session write failed: %s", exc)
-            stop.wait(1.0 / rate)
+        with _stop_on_signals() as stop:
+            written = _demo_traffic(store, stop, sessions, rate, duration)
     finally:
         client.close()
     console.print(f"wrote {written} session updates", markup=False, highlight=False)

@@ -364,7 +364,10 @@ class ReplicaConsumer:
         self.trim_interval_seconds = trim_interval_seconds
         self.stats = ConsumerStats()
         self._mode = ConsumerMode.RUNNING
-        self._mode_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._generation = 0  # bumped by each mode change
+        self._seen = 0  # the generation the loop's latest round started under
+        self._looping: threading.Thread | None = None
         self._backlog = True  # own pending entries to re-apply first
         self._last_trim = time.monotonic()
         self._stop = threading.Event()
@@ -373,27 +376,36 @@ class ReplicaConsumer:
     @property
     def mode(self) -> ConsumerMode:
         """The current mode."""
-        with self._mode_lock:
+        with self._cond:
             return self._mode
 
-    def _set_mode(self, mode: ConsumerMode) -> None:
-        with self._mode_lock:
+    def _set_mode(self, mode: ConsumerMode, wait_seconds: float) -> None:
+        # Waiting until the loop starts a round under the new mode makes the change exact for
+        # drills: once `hold()` returns, nothing more is ACKed. A round is bounded by block_ms
+        # and the socket timeout; while Redis is down the wait gives up after `wait_seconds`.
+        with self._cond:
             if mode is ConsumerMode.RUNNING and self._mode is not ConsumerMode.RUNNING:
                 self._backlog = True  # entries read while holding wait in our PEL
             self._mode = mode
+            self._generation += 1
+            target = self._generation
+            if self._looping is not None and self._looping is not threading.current_thread():
+                self._cond.wait_for(
+                    lambda: self._seen >= target or self._looping is None, wait_seconds
+                )
         log.info("session replica consumer %s: %s", self.consumer, mode.value)
 
-    def hold(self) -> None:
+    def hold(self, wait_seconds: float = 5.0) -> None:
         """Keep reading but stop applying and ACKing (a stuck replica write)."""
-        self._set_mode(ConsumerMode.HOLDING)
+        self._set_mode(ConsumerMode.HOLDING, wait_seconds)
 
-    def pause(self) -> None:
+    def pause(self, wait_seconds: float = 5.0) -> None:
         """Stop reading: new entries stay undelivered."""
-        self._set_mode(ConsumerMode.PAUSED)
+        self._set_mode(ConsumerMode.PAUSED, wait_seconds)
 
-    def resume(self) -> None:
+    def resume(self, wait_seconds: float = 5.0) -> None:
         """Apply and ACK again, starting with whatever was read while holding."""
-        self._set_mode(ConsumerMode.RUNNING)
+        self._set_mode(ConsumerMode.RUNNING, wait_seconds)
 
     def ensure_group(self) -> None:
         """Create the consumer group (and the stream) if missing, reading from the beginning."""
@@ -451,7 +463,10 @@ class ReplicaConsumer:
 
     def step(self) -> int:
         """One round: read, apply and ACK per the mode; return how many changes were applied."""
-        mode = self.mode
+        with self._cond:
+            mode = self._mode
+            self._seen = self._generation
+            self._cond.notify_all()
         if mode is ConsumerMode.PAUSED:
             self._stop.wait(self.block_ms / 1000.0)
             return 0
@@ -482,23 +497,30 @@ class ReplicaConsumer:
         """Loop until `stop` (or `self.stop()`); connection errors are logged and retried."""
         stop = stop or self._stop
         backoff = 0.1
-        while not stop.is_set() and not self._stop.is_set():
-            try:
-                if self._backlog:
-                    self.ensure_group()
-                self.step()
-                backoff = 0.1
-            except REDIS_CONNECTION_ERRORS as exc:
-                self._error(exc)
-                self._backlog = True
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
-            except redis.ResponseError as exc:
-                self._error(exc)
-                if "NOGROUP" in str(exc):
-                    self._backlog = True  # the stream or group was deleted: recreate it
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 2.0)
+        with self._cond:
+            self._looping = threading.current_thread()
+        try:
+            while not stop.is_set() and not self._stop.is_set():
+                try:
+                    if self._backlog:
+                        self.ensure_group()
+                    self.step()
+                    backoff = 0.1
+                except REDIS_CONNECTION_ERRORS as exc:
+                    self._error(exc)
+                    self._backlog = True
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 2.0)
+                except redis.ResponseError as exc:
+                    self._error(exc)
+                    if "NOGROUP" in str(exc):
+                        self._backlog = True  # the stream or group was deleted: recreate it
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 2.0)
+        finally:
+            with self._cond:
+                self._looping = None
+                self._cond.notify_all()
 
     def _error(self, exc: Exception) -> None:
         self.stats.errors += 1

@@ -125,7 +125,9 @@ def test_canary_lost_on_either_side_reports_failure(
     assert value(cache, "session_keepalive_probe_success") == 0.0
     assert value(cache, "redline_probe_success", probe="session_keepalive") == 1.0
 
-    time.sleep(MIN_SECONDS)  # the next canary is intact again
+    (second,) = canary_keys(primary)  # the next canary is left intact
+    wait_for(lambda: replica.exists(second) == 1, what="the second canary to reach the replica")
+    time.sleep(MIN_SECONDS)
     cache.run(probe.name)
     assert value(cache, "session_keepalive_probe_success") == 1.0
 

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from typer.testing import CliRunner
 
+from redline.cli import app
 from redline.platform.sessions import (
     DEFAULT_GROUP,
     DEFAULT_STREAM,
@@ -205,59 +207,51 @@ def test_missing_stream_or_group_is_a_clear_error(stores: tuple[redis.Redis, red
         measure_cdc_rpo(primary, DEFAULT_STREAM, "other")
 
 
-def _redline(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from redline.cli import main; main()", *args]
-
-
 def test_cli_replica_applies_demo_writer_traffic_and_stops_on_sigterm(redis_url: str) -> None:
     replica_url = redis_url.rsplit("/", 1)[0] + "/1"
-    env = {**os.environ, "REDLINE_LOG_LEVEL": "warning"}
     consumer = subprocess.Popen(
-        _redline("sessions", "replica", "--redis-url", redis_url, "--replica-url", replica_url),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+        [sys.executable, "-c", "from redline.cli import main; main()", "sessions", "replica",
+         "--redis-url", redis_url, "--replica-url", replica_url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "REDLINE_LOG_LEVEL": "warning"},
+    )  # fmt: skip
+    runner = CliRunner()
+    primary = open_redis(redis_url)
+    replica = open_redis(replica_url)
     try:
-        written = subprocess.run(
-            _redline("sessions", "writer", "--redis-url", redis_url, "--sessions", "3",
-                     "--rate", "50", "--duration", "0.5", "--ttl-seconds", "60"),
-            capture_output=True, text=True, env=env, timeout=30,
+        written = runner.invoke(
+            app,
+            ["sessions", "writer", "--redis-url", redis_url, "--sessions", "3",
+             "--rate", "50", "--duration", "0.3", "--ttl-seconds", "60"],
         )  # fmt: skip
-        assert written.returncode == 0, written.stderr
+        assert written.exit_code == 0, written.output
         assert "wrote " in written.stdout
-        primary = open_redis(redis_url)
-        replica = open_redis(replica_url)
-        try:
 
-            def caught_up() -> bool:
-                try:
-                    lag = measure_cdc_rpo(primary, DEFAULT_STREAM, DEFAULT_GROUP)
-                except CdcTargetError:
-                    return False  # the consumer has not created its group yet
-                return lag.rpo_seconds == 0 and lag.last_delivered_id != "0-0"
+        def caught_up() -> bool:
+            try:
+                lag = measure_cdc_rpo(primary, DEFAULT_STREAM, DEFAULT_GROUP)
+            except CdcTargetError:
+                return False  # the consumer has not created its group yet
+            return lag.rpo_seconds == 0 and lag.last_delivered_id != "0-0"
 
-            wait_for(caught_up, timeout=15, what="the CLI consumer to ACK everything")
-            for n in range(3):
-                key = f"session:ctx:demo-{n:04d}"
-                assert replica.get(key) == primary.get(key) is not None
-        finally:
-            primary.close()
-            replica.close()
-        status = subprocess.run(
-            _redline("sessions", "status", "--redis-url", redis_url),
-            capture_output=True, text=True, env=env, timeout=30,
-        )  # fmt: skip
-        assert status.returncode == 0, status.stderr
+        wait_for(caught_up, timeout=20, what="the CLI consumer to ACK everything")
+        for n in range(3):
+            key = f"session:ctx:demo-{n:04d}"
+            assert replica.get(key) == primary.get(key) is not None
+        assert 20 < replica.pttl("session:ctx:demo-0000") <= 60_000
+
+        status = runner.invoke(app, ["sessions", "status", "--redis-url", redis_url])
+        assert status.exit_code == 0, status.output
         assert "session:cdc session-replica: rpo 0.000 s, pending 0" in status.stdout
-        missing = subprocess.run(
-            _redline("sessions", "status", "--redis-url", redis_url, "--group", "nogroup"),
-            capture_output=True, text=True, env=env, timeout=30,
-        )  # fmt: skip
-        assert missing.returncode == 2
+        missing = runner.invoke(
+            app, ["sessions", "status", "--redis-url", redis_url, "--group", "nogroup"]
+        )
+        assert missing.exit_code == 2
         assert "consumer group 'nogroup' does not exist" in missing.stderr
     finally:
+        primary.close()
+        replica.close()
         consumer.send_signal(signal.SIGTERM)
-        out, errors = consumer.communicate(timeout=10)
+        out, errors = consumer.communicate(timeout=20)
     assert consumer.returncode == 0, errors
     assert b"session replica stopped: applied" in out
