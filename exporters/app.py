@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -28,10 +29,24 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from redline.exporters.drift import (
+    DriftProbe,
+    NpyReference,
+    RedisStreamWindow,
+    build_drift_probe,
+)
+from redline.exporters.drift_stats import DriftError
+from redline.exporters.index_staleness import IndexStalenessProbe
+from redline.exporters.keepalive import KeepaliveProbe
+from redline.exporters.llm_probes import build_llm_probes
 from redline.exporters.models import ModelVersionsProbe
 from redline.exporters.probe import Probe, ProbeCache
-from redline.exporters.settings import ExporterSettings, ProbeSection
+from redline.exporters.session_rpo import SessionRpoProbe
+from redline.exporters.settings import ExporterSettings
+from redline.platform.deltalog import DeltaLogError
 from redline.platform.snapshots import SnapshotRegistry
+from redline.platform.vectorindex import IndexConfig, TargetSpec
+from redline.settings import SettingsError, read_secret
 from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -114,12 +129,7 @@ class Exporter:
             self.scheduler.shutdown(wait=False)
             log.info("exporter stopped its scheduler")
         for probe in self.probes:
-            close: Callable[[], object] | None = getattr(probe, "close", None)
-            if close is not None:
-                try:
-                    close()
-                except Exception as exc:  # closing one probe must not stop the others closing
-                    log.warning("closing probe %s failed: %s", probe.name, exc)
+            _close(probe)
 
 
 def build_scheduler() -> BackgroundScheduler:
@@ -174,38 +184,165 @@ def build_metrics_router(
     return router
 
 
-@dataclass(frozen=True)
-class ConfiguredProbe:
-    """A probe and the settings section it was built from."""
-
-    probe: Probe
-    section: ProbeSection
+class ProbeConfigError(Exception):
+    """A probe section that cannot be built; the message names the section."""
 
 
-def build_configured_probes(settings: ExporterSettings, spec: Spec) -> list[ConfiguredProbe]:
-    """Every enabled probe, constructed from its settings section and the spec's thresholds.
+def build_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+    """Every enabled probe, built from its settings section and the spec's thresholds.
 
     The one explicit registry of probes: a new probe module gets a section in ExporterSettings
-    and a few lines here.
+    and a few lines here. Constructors do not connect (clients are opened on the first run), so
+    a dependency that is down makes its probe fail at run time, never the exporter at start-up.
     """
-    configured: list[ConfiguredProbe] = []
+    probes: list[Probe] = []
+    try:
+        probes.extend(_model_probes(settings))
+        probes.extend(_llm_probes(settings, spec))
+        probes.extend(_index_probes(settings))
+        if settings.session_rpo.enabled:
+            probes.append(SessionRpoProbe.from_settings(settings.session_rpo, settings.redis_url))
+        if settings.keepalive.enabled:
+            probes.append(
+                KeepaliveProbe.from_settings(settings.keepalive, settings.redis_url, spec)
+            )
+        probes.extend(_drift_probes(settings, spec))
+    except (ValueError, DriftError, DeltaLogError, SettingsError) as exc:
+        for probe in probes:
+            _close(probe)
+        raise ProbeConfigError(str(exc)) from None
+    return probes
 
+
+def _model_probes(settings: ExporterSettings) -> list[Probe]:
     section = settings.models
-    if section.enabled:
-        probe = ModelVersionsProbe(
-            SnapshotRegistry(section.root),
+    if not section.enabled:
+        return []
+    registry = SnapshotRegistry(section.root)
+    return [
+        ModelVersionsProbe(
+            registry,
             models=section.models,
             interval_seconds=section.interval_seconds,
             max_versions=section.max_versions,
         )
-        configured.append(ConfiguredProbe(probe, section))
-
-    return configured
+    ]
 
 
-def build_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
-    """The enabled probes of `settings` (see build_configured_probes)."""
-    return [c.probe for c in build_configured_probes(settings, spec)]
+def _llm_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+    unknown = sorted(set(settings.endpoints.upstreams) - set(spec.regions))
+    if settings.endpoints.enabled and unknown:
+        raise ProbeConfigError(
+            f"endpoints.upstreams: regions {', '.join(unknown)} are not in the spec's regions "
+            f"({', '.join(spec.regions)})"
+        )
+    return list(build_llm_probes(settings.endpoints, settings.golden_set))
+
+
+def _index_probes(settings: ExporterSettings) -> list[Probe]:
+    section = settings.index_staleness
+    if not section.enabled:
+        return []
+    token = read_secret(
+        section.milvus_token_file, section.milvus_token, "index_staleness.milvus_token_file"
+    )
+    secret = token.get_secret_value() if token is not None else ""
+    config = IndexConfig(
+        collection=section.collection,
+        dim=section.dim,
+        primary=TargetSpec(
+            section.primary_uri,
+            section.primary_collection or section.collection,
+            section.primary_name,
+            secret,
+        ),
+        replica=TargetSpec(
+            section.replica_uri,
+            section.replica_collection or section.collection,
+            section.replica_name,
+            secret,
+        ),
+        region=section.region,
+        metric_type=section.metric_type,
+    )
+    return [
+        IndexStalenessProbe(
+            config,
+            section.redis_url or settings.redis_url,
+            interval_seconds=section.interval_seconds,
+            timeout_seconds=section.timeout_seconds,
+        )
+    ]
+
+
+def _drift_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+    section = settings.drift
+    if not section.enabled:
+        return []
+    reference = section.reference or (
+        Path(spec.drift.reference) if spec.drift.reference is not None else None
+    )
+    if reference is None:
+        log.warning(
+            "embedding drift probe not started: no reference vectors (set drift.reference in "
+            "the exporter settings or the spec, or drift.enabled: false)"
+        )
+        return []
+    drift = spec.drift.model_copy(update={"reference": str(reference)})
+    token = read_secret(section.milvus_token_file, section.milvus_token, "drift.milvus_token_file")
+    secret = token.get_secret_value() if token is not None else ""
+    if section.source == "milvus":
+        return [
+            build_drift_probe(
+                drift,
+                milvus_uri=section.milvus_uri,
+                token=secret,
+                vector_field=section.vector_field,
+                time_field=section.time_field,
+                interval_seconds=section.interval_seconds,
+                use_spec_threshold=section.use_spec_threshold,
+            )
+        ]
+    return [
+        DriftProbe(
+            source=RedisStreamWindow(
+                section.redis_url or settings.redis_url,
+                section.stream,
+                field=section.stream_field,
+                encoding=section.encoding,
+            ),
+            reference=NpyReference(reference),
+            collection=drift.collection,
+            methods=(drift.method,),
+            window_size=drift.window,
+            interval_seconds=section.interval_seconds,
+            fixed_thresholds={drift.method: drift.threshold}
+            if section.use_spec_threshold
+            else None,
+        )
+    ]
+
+
+def _close(probe: Probe) -> None:
+    close: Callable[[], object] | None = getattr(probe, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception as exc:  # closing one probe must not stop the others closing
+            log.warning("closing probe %s failed: %s", probe.name, exc)
+
+
+def hang_timeouts(settings: ExporterSettings, probes: Sequence[Probe]) -> dict[str, float]:
+    """Each probe's hang timeout: `probe_timeouts[name]`, else max(global, its interval)."""
+    names = {probe.name for probe in probes}
+    for name in sorted(set(settings.probe_timeouts) - names):
+        log.warning("probe_timeouts names %r, which is not a running probe", name)
+    return {
+        probe.name: settings.probe_timeouts.get(
+            probe.name, max(settings.probe_timeout_seconds, probe.interval_seconds)
+        )
+        for probe in probes
+    }
 
 
 def build_exporter_app(
@@ -215,16 +352,10 @@ def build_exporter_app(
     extra_collectors: Sequence[Collector] = (),
 ) -> Exporter:
     """An exporter over the probes of `settings` (or the given ones); the app's lifespan starts
-    and stops the scheduler."""
-    timeouts: dict[str, float] = {}
+    the scheduler and stops it (closing the probes)."""
     if probes is None:
-        configured = build_configured_probes(settings, spec)
-        probes = [c.probe for c in configured]
-        timeouts = {
-            c.probe.name: c.section.timeout_seconds
-            for c in configured
-            if c.section.timeout_seconds is not None
-        }
+        probes = build_probes(settings, spec)
+    timeouts = hang_timeouts(settings, probes)
     cache = ProbeCache(probes, timeout_seconds=settings.probe_timeout_seconds, timeouts=timeouts)
     registry = build_registry(cache, extra_collectors, settings.created_series)
     scheduler = build_scheduler()
@@ -283,11 +414,11 @@ class ThreadedServer:
 
 
 __all__ = [
-    "ConfiguredProbe",
+    "ProbeConfigError",
     "DaemonThreadExecutor",
     "Exporter",
     "WithoutCreated",
-    "build_configured_probes",
+    "hang_timeouts",
     "build_exporter_app",
     "build_probes",
     "build_registry",

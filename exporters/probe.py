@@ -40,11 +40,26 @@ class Sample:
 
 
 class Probe(Protocol):
-    """What the scheduler runs. `run` may block and may raise; it must not loop forever."""
+    """What the scheduler runs. `run` may block and may raise; it must not loop forever.
 
-    name: str
-    interval_seconds: float
-    metrics: tuple[MetricDef, ...]
+    The attributes are read-only members, so a plain attribute, a class attribute of a
+    fixed-length tuple or a property all satisfy the protocol.
+    """
+
+    @property
+    def name(self) -> str:
+        """Unique probe name (the `probe` label)."""
+        ...
+
+    @property
+    def interval_seconds(self) -> float:
+        """Seconds between two runs."""
+        ...
+
+    @property
+    def metrics(self) -> tuple[MetricDef, ...]:
+        """Every family `run` may return samples of."""
+        ...
 
     def run(self) -> list[Sample]:
         """Measure once and return every sample of the probe's metrics."""

@@ -9,29 +9,35 @@ Thresholds (staleness, RPO, keep-alive, drift) come from the spec, not from here
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    SecretStr,
+    ValidationError,
+)
 from pydantic_settings import SettingsConfigDict
 
+from redline.exporters.keepalive import KeepaliveSettings
+from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
+from redline.exporters.session_rpo import SessionRpoSettings
 from redline.settings import ServiceSettings, SettingsError
 
 DEFAULT_PORT = 9109
 
 
 class ProbeSection(BaseModel):
-    """What every probe section has: an on/off switch, an interval and a hang timeout."""
+    """What every probe section has: an on/off switch and an interval."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="Run this probe.")
     interval_seconds: PositiveFloat = Field(15.0, description="Seconds between two runs.")
-    timeout_seconds: PositiveFloat | None = Field(
-        None,
-        description="A run still going after this long reports failure (default: the global "
-        "probe_timeout_seconds).",
-    )
 
 
 class ModelsSection(ProbeSection):
@@ -40,6 +46,50 @@ class ModelsSection(ProbeSection):
     root: Path = Field(Path("var/snapshots"), description="Root directory of the registry.")
     models: tuple[str, ...] = Field((), description="Models to publish; empty: every model.")
     max_versions: int = Field(10, ge=1, description="Verified versions with baselines per model.")
+
+
+class IndexStalenessSection(ProbeSection):
+    """Canary staleness and delta-log backlog of one replicated vector collection."""
+
+    interval_seconds: PositiveFloat = Field(5.0, description="Seconds between two runs.")
+    redis_url: str | None = Field(None, description="Redis of the delta log; default: service.")
+    collection: str = Field("documents", description="Logical collection (names the delta log).")
+    dim: PositiveInt = Field(384, description="Vector dimension.")
+    region: str = Field("primary", description="Region the canary is written as.")
+    primary_uri: str = Field("http://127.0.0.1:19530", description="Milvus URI of the primary.")
+    primary_collection: str | None = Field(None, description="Primary collection (= collection).")
+    primary_name: str = Field("primary", description="Name of the primary (keys, labels).")
+    replica_uri: str = Field("http://127.0.0.1:19531", description="Milvus URI of the replica.")
+    replica_collection: str | None = Field(None, description="Replica collection (= collection).")
+    replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
+    metric_type: str = Field("COSINE", description="Metric type of the collections.")
+    milvus_token: SecretStr | None = Field(None, description="Milvus token (from env only).")
+    milvus_token_file: Path | None = Field(None, description="File holding the Milvus token.")
+    timeout_seconds: PositiveFloat = Field(2.0, description="Timeout of Redis and Milvus calls.")
+
+
+class DriftSection(ProbeSection):
+    """Embedding drift of the newest window against the reference (method, window: the spec)."""
+
+    interval_seconds: PositiveFloat = Field(60.0, description="Seconds between two runs.")
+    source: Literal["milvus", "redis_stream"] = Field(
+        "milvus", description="Where the window comes from."
+    )
+    reference: Path | None = Field(
+        None, description="Reference .npy; default: spec drift.reference."
+    )
+    milvus_uri: str = Field("http://127.0.0.1:19530", description="Milvus holding the collection.")
+    milvus_token: SecretStr | None = Field(None, description="Milvus token (from env only).")
+    milvus_token_file: Path | None = Field(None, description="File holding the Milvus token.")
+    vector_field: str = Field("embedding", description="Vector field of the collection.")
+    time_field: str = Field("ts_ms", description="Insert-time field (ms since the epoch).")
+    redis_url: str | None = Field(None, description="Redis of the stream; default: service.")
+    stream: str = Field("embeddings", description="Stream of recent embeddings.")
+    stream_field: str = Field("vector", description="Entry field holding one vector.")
+    encoding: Literal["float32", "json"] = Field("float32", description="Vector encoding.")
+    use_spec_threshold: bool = Field(
+        False, description="Use the spec's fixed drift.threshold instead of the calibrated one."
+    )
 
 
 class ExporterSettings(ServiceSettings):
@@ -54,9 +104,20 @@ class ExporterSettings(ServiceSettings):
     )
     gzip: bool = Field(True, description="Compress /metrics when the scraper accepts gzip.")
     probe_timeout_seconds: PositiveFloat = Field(
-        30.0, description="A probe run still going after this long reports failure."
+        30.0,
+        description="A probe run still going after max(this, the probe's interval) reports "
+        "failure (the probe is hung).",
+    )
+    probe_timeouts: dict[str, PositiveFloat] = Field(
+        default_factory=dict, description="Per-probe hang timeouts by probe name."
     )
     models: ModelsSection = Field(default_factory=ModelsSection)
+    endpoints: EndpointProbeSettings = Field(default_factory=EndpointProbeSettings)
+    golden_set: GoldenSetSettings = Field(default_factory=GoldenSetSettings)
+    index_staleness: IndexStalenessSection = Field(default_factory=IndexStalenessSection)
+    session_rpo: SessionRpoSettings = Field(default_factory=SessionRpoSettings)
+    keepalive: KeepaliveSettings = Field(default_factory=KeepaliveSettings)
+    drift: DriftSection = Field(default_factory=DriftSection)
 
     @property
     def listen_port(self) -> int:

@@ -105,7 +105,9 @@ def exporters(
     the_spec = _spec(settings)
     level = settings.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apscheduler").setLevel(max(logging.getLevelName(level), logging.WARNING))
+    quiet = max(logging.getLevelName(level), logging.WARNING)
+    for chatty in ("apscheduler", "httpx", "httpcore"):  # a line per run or request otherwise
+        logging.getLogger(chatty).setLevel(quiet)
     exporter = build_exporter_app(settings, the_spec)
     names = ", ".join(sorted(exporter.cache.probes)) or "(none)"
     err.print(

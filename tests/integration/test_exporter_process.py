@@ -3,26 +3,35 @@ with probes that hang, raise and count. Scrapes must stay fast whatever the prob
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
+import redis
 import yaml
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
 from redline.exporters.app import ThreadedServer, build_exporter_app
+from redline.exporters.drift import encode_vector
+from redline.exporters.gateway import GatewaySettings, build_gateway_app
 from redline.exporters.probe import MetricDef, Sample
 from redline.exporters.settings import ExporterSettings, load_exporter_settings
-from redline.platform.processes import free_port
+from redline.platform.processes import Service, free_port
+from redline.platform.simulator import SimulatorSettings, build_simulator_app, serve_in_thread
 from redline.platform.snapshots import Baselines, SnapshotRegistry
-from redline.slo.load import load_spec
+from redline.platform.vectorindex import MilvusTarget, TargetSpec
+from redline.slo.load import default_spec_text, load_spec
 
 pytestmark = pytest.mark.integration
 
@@ -114,8 +123,13 @@ class CountingProbe:
         ]
 
 
+OTHER_SECTIONS = ("endpoints", "golden_set", "index_staleness", "session_rpo", "keepalive", "drift")
+
+
 def _settings(**values: object) -> ExporterSettings:
-    return ExporterSettings.model_validate({"models": {"enabled": False}, **values})
+    """Settings with no probe of their own (the test passes its probes)."""
+    disabled = {section: {"enabled": False} for section in ("models", *OTHER_SECTIONS)}
+    return ExporterSettings.model_validate({**disabled, **values})
 
 
 # ---- in-process server: hanging, raising and counting probes -----------------------------------
@@ -287,6 +301,7 @@ def test_exporter_subprocess_serves_probes_survives_failures_and_stops(
     config = {
         "probe_timeout_seconds": 5,
         "models": {"root": str(registry_with_model.root), "interval_seconds": 0.2},
+        **{section: {"enabled": False} for section in OTHER_SECTIONS},
     }
     process = ExporterProcess(tmp_path, config, {"REDLINE_LOG_LEVEL": "info"})
     try:
@@ -369,7 +384,7 @@ import uvicorn
 from redline.exporters.app import build_exporter_app
 from redline.exporters.probe import MetricDef
 from redline.exporters.settings import ExporterSettings
-from redline.slo.load import load_spec
+from redline.slo.load import default_spec_text, load_spec
 
 class Hang:
     name = "hang"
@@ -379,8 +394,7 @@ class Hang:
         threading.Event().wait(3600)
         return []
 
-settings = ExporterSettings.model_validate({"models": {"enabled": False}})
-exporter = build_exporter_app(settings, load_spec().spec, probes=[Hang()])
+exporter = build_exporter_app(ExporterSettings(), load_spec().spec, probes=[Hang()])
 uvicorn.run(exporter.app, host="127.0.0.1", port=int(sys.argv[1]), log_level="info")
 """
 
@@ -411,3 +425,136 @@ def test_signal_stops_the_process_while_a_probe_hangs(tmp_path: Path, signum: in
             process.kill()
             process.wait(timeout=10)
     assert "Application shutdown complete" in log.read_text()
+
+
+# ---- every probe wired, against real redis-server, Milvus Lite, simulators and the gateway ------
+
+
+def _spec_file(tmp_path: Path, reference: Path) -> Path:
+    data = yaml.safe_load(default_spec_text())
+    data["drift"] = {**data["drift"], "window": 60, "reference": str(reference)}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.fixture()
+def serving(redis_url: str) -> Iterator[dict[str, str]]:
+    """Two simulated regions and the gateway in front of them."""
+    sims = {
+        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
+        for i, region in enumerate(("primary", "secondary"))
+    }
+    upstreams = {region: server.url for region, server in sims.items()}
+    gateway = serve_in_thread(
+        build_gateway_app(
+            GatewaySettings(upstreams=upstreams, redis_url=redis_url),
+            load_spec().spec,
+            CollectorRegistry(),
+        )
+    )
+    yield {**upstreams, "gateway": gateway.url}
+    gateway.stop()
+    for server in sims.values():
+        server.stop()
+
+
+def test_every_probe_is_wired_from_settings(
+    tmp_path: Path,
+    redis_url: str,
+    milvus_service: Service,
+    serving: dict[str, str],
+    registry_with_model: SnapshotRegistry,
+) -> None:
+    rng = np.random.default_rng(7)
+    reference = tmp_path / "reference.npy"
+    np.save(reference, rng.standard_normal((300, 8)).astype(np.float32))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for vector in rng.standard_normal((80, 8)):
+            client.xadd("embeddings", {"vector": encode_vector(vector)})
+        client.xgroup_create("session:cdc", "replica", id="$", mkstream=True)
+    finally:
+        client.close()
+    uri = milvus_service.extra["uri"]
+    name = f"wired{uuid.uuid4().hex[:8]}"
+    for suffix in ("p", "r"):
+        target = MilvusTarget(TargetSpec(uri, f"{name}_{suffix}", suffix), 8)
+        target.ensure_collection()
+        target.close()
+
+    config = {
+        "probe_timeout_seconds": 20,
+        "models": {"root": str(registry_with_model.root), "interval_seconds": 0.5},
+        "endpoints": {
+            "interval_seconds": 0.5,
+            "upstreams": {"primary": serving["primary"], "secondary": serving["secondary"]},
+        },
+        "golden_set": {"interval_seconds": 1, "gateway_url": serving["gateway"]},
+        "index_staleness": {
+            "interval_seconds": 0.5,
+            "collection": name,
+            "dim": 8,
+            "primary_uri": uri,
+            "primary_collection": f"{name}_p",
+            "replica_uri": uri,
+            "replica_collection": f"{name}_r",
+        },
+        "session_rpo": {
+            "interval_seconds": 0.5,
+            "targets": [{"stream": "session:cdc", "group": "replica"}],
+        },
+        "keepalive": {"interval_seconds": 0.5, "ttl_seconds": 600},
+        "drift": {"interval_seconds": 1, "source": "redis_stream", "stream": "embeddings"},
+    }
+    spec = _spec_file(tmp_path, reference)
+    process = ExporterProcess(
+        tmp_path,
+        config,
+        {"REDLINE_REDIS_URL": redis_url, "REDLINE_SPEC": str(spec), "REDLINE_LOG_LEVEL": "info"},
+    )
+    try:
+        health = json.loads(
+            _wait_for(
+                f"{process.url}/healthz",
+                lambda t: json.loads(t)["probes_ok"] == json.loads(t)["probes_total"],
+                timeout=60,
+            )
+        )
+        assert sorted(health["probes"]) == [
+            "embedding_drift",
+            "index_staleness",
+            "llm_endpoint_primary",
+            "llm_endpoint_secondary",
+            "llm_golden_redline_base",
+            "model_versions",
+            "session_keepalive",
+            "session_rpo",
+        ]
+        started = time.perf_counter()
+        text = httpx.get(f"{process.url}/metrics", timeout=5).text
+        assert time.perf_counter() - started < 0.2
+        names = _sample_names(text)
+        for expected in (
+            "model_active_info",
+            "llm_probe_success",
+            "llm_eval_requests_total",
+            "vectordb_index_staleness_seconds",
+            "vectordb_write_frozen",
+            "session_cdc_rpo_seconds",
+            "session_context_ttl_seconds",
+            "embedding_drift_score",
+            "embedding_drift_threshold",
+        ):
+            assert expected in names, expected
+        assert (
+            values(text, "llm_probe_success")[(("probe", "healthz"), ("region", "secondary"))] == 1
+        )
+        assert values(text, "session_cdc_rpo_seconds") == {
+            (("group", "replica"), ("stream", "session:cdc")): 0.0
+        }
+        result = promtool_check(text)
+        assert result.returncode == 0, result.stdout + result.stderr
+    finally:
+        process.stop()
+    assert "Traceback" not in process.log.read_text()
