@@ -303,10 +303,10 @@ class JobStore:
 
     def get(self, job_id: str) -> Job | None:
         """The job with its steps, or None."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.job(job_id))
-        pipe.lrange(self.keys.steps(job_id), 0, -1)
-        fields, steps = pipe.execute()
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.steps(job_id), 0, -1)
+            fields, steps = pipe.execute()
         return build_job(fields, steps) if fields else None
 
     def list_jobs(
@@ -314,10 +314,12 @@ class JobStore:
     ) -> list[Job]:
         """Newest jobs first, filtered (steps left out)."""
         ids = cast(list[str], self.client.zrevrange(self.keys.index, 0, min(limit * 10, 10000)))
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(self.keys.job(job_id))
-        rows = cast(list[dict[str, str]], pipe.execute()) if ids else []
+        if not ids:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id))
+            rows = cast(list[dict[str, str]], pipe.execute())
         return [build_job(f) for f in rows if _match(f, playbook, status)][:limit]
 
     def read(self, consumer: str, block_ms: int) -> list[Entry]:
@@ -374,20 +376,20 @@ class JobStore:
     def start_attempt(self, job_id: str, target: str | None, consumer: str) -> int:
         """Mark the job running and count the attempt; returns the attempt number."""
         stamp = now_iso()
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hincrby(self.keys.job(job_id), "attempts", 1)
-        pipe.hset(
-            self.keys.job(job_id),
-            mapping={
-                "status": "running",
-                "target": target or "",
-                "worker": consumer,
-                "updated_at": stamp,
-                "waiting_for": "",
-                "next_attempt_at": "",
-            },
-        )
-        attempts, _ = pipe.execute()
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hincrby(self.keys.job(job_id), "attempts", 1)
+            pipe.hset(
+                self.keys.job(job_id),
+                mapping={
+                    "status": "running",
+                    "target": target or "",
+                    "worker": consumer,
+                    "updated_at": stamp,
+                    "waiting_for": "",
+                    "next_attempt_at": "",
+                },
+            )
+            attempts, _ = pipe.execute()
         return int(attempts)
 
     def add_step(self, job_id: str, step: Mapping[str, Any]) -> None:
@@ -480,10 +482,26 @@ class AsyncJobStore:
 
     async def ingest(self, payload: WebhookPayload, dry_run: bool) -> list[IngestOutcome]:
         """Record every alert of `payload` (one atomic script each, one round trip in all)."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            replies = await self._ingest_pipeline(pipe, payload, dry_run)
+        outcomes: list[IngestOutcome] = []
+        for alert, (status, value) in zip(payload.alerts, replies, strict=True):
+            code = int(status)
+            result: Literal["accepted", "duplicate", "acknowledged"] = (
+                "accepted" if code == 1 else "acknowledged" if code == 2 else "duplicate"
+            )
+            job_id_out = None if value == "ack" else str(value)
+            outcomes.append(
+                IngestOutcome(alert.fingerprint, alert.status, alert.playbook, job_id_out, result)
+            )
+        return outcomes
+
+    async def _ingest_pipeline(
+        self, pipe: Any, payload: WebhookPayload, dry_run: bool
+    ) -> list[Any]:
         stamp = now_iso()
         now_ms = int(time.time() * 1000)
         ttl = self.retention_seconds
-        pipe = self.client.pipeline(transaction=False)
         for alert in payload.alerts:
             key = idempotency_key(alert)
             if alert.playbook is None:
@@ -501,25 +519,14 @@ class AsyncJobStore:
                 args=[job_id, ttl, now_ms, ttl * 1000, *fields],
                 client=pipe,
             )  # fmt: skip
-        replies = await pipe.execute()
-        outcomes: list[IngestOutcome] = []
-        for alert, (status, value) in zip(payload.alerts, replies, strict=True):
-            code = int(status)
-            result: Literal["accepted", "duplicate", "acknowledged"] = (
-                "accepted" if code == 1 else "acknowledged" if code == 2 else "duplicate"
-            )
-            job_id_out = None if value == "ack" else str(value)
-            outcomes.append(
-                IngestOutcome(alert.fingerprint, alert.status, alert.playbook, job_id_out, result)
-            )
-        return outcomes
+        return cast(list[Any], await pipe.execute())
 
     async def get(self, job_id: str) -> Job | None:
         """The job with its steps, or None."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.job(job_id))
-        pipe.lrange(self.keys.steps(job_id), 0, -1)
-        fields, steps = await pipe.execute()
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.job(job_id))
+            pipe.lrange(self.keys.steps(job_id), 0, -1)
+            fields, steps = await pipe.execute()
         return build_job(fields, steps) if fields else None
 
     async def list_jobs(
@@ -531,10 +538,10 @@ class AsyncJobStore:
         )
         if not ids:
             return []
-        pipe = self.client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(self.keys.job(job_id))
-        rows = cast(list[dict[str, str]], await pipe.execute())
+        async with self.client.pipeline(transaction=False) as pipe:
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(job_id))
+            rows = cast(list[dict[str, str]], await pipe.execute())
         return [build_job(f) for f in rows if _match(f, playbook, status)][:limit]
 
     async def run_metrics(self) -> dict[str, str]:
