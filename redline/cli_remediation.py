@@ -206,6 +206,11 @@ def worker(
             thread.join(timeout=0.2)
 
 
+@audit_app.callback()
+def audit() -> None:
+    """The hash-chained audit trail of remediation jobs and steps."""
+
+
 @audit_app.command("verify")
 def verify(
     redis_url: RedisOpt = None,
