@@ -44,9 +44,8 @@ import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-import anyio
-import httpx
 import redis.exceptions
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -56,6 +55,13 @@ from prometheus_client.metrics import Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
 from pydantic import Field, field_validator
 
+from redline.exporters.upstream import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeoutError,
+)
 from redline.platform.golden import MODEL_VERSION_HEADER
 from redline.platform.routing import (
     DEFAULT_PREFIX,
@@ -148,8 +154,13 @@ class GatewaySettings(ServiceSettings):
         for region, url in value.items():
             if not _REGION.match(region):
                 raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
-            parsed = httpx.URL(url)
-            if parsed.scheme not in ("http", "https") or not parsed.host:
+            try:
+                parsed = urlsplit(url)
+                valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+                valid = valid and (parsed.port or 1) > 0
+            except ValueError:
+                valid = False
+            if not valid:
                 raise ValueError(f"upstream {region}: {url!r} is not an http(s) URL")
         return value
 
@@ -261,7 +272,7 @@ class _Failure:
 
 @dataclass
 class _Committed:
-    response: httpx.Response
+    response: UpstreamResponse
     chunks: AsyncIterator[bytes]
     first: bytes
     body: bytes | None  # the whole body when not streamed
@@ -375,44 +386,31 @@ class Gateway:
         self.routing_store_up = False
         self.health = {region: _Health() for region in self.regions}
         self.models_seen: set[str] = set()
-        self._client: httpx.AsyncClient | None = None
+        self._pools: dict[str, UpstreamPool] = {}
         self._reader: AsyncRoutingReader | None = None
 
-    @property
-    def client(self) -> httpx.AsyncClient:
-        """The upstream HTTP client (exists while the app runs)."""
-        if self._client is None:
-            raise RuntimeError("the gateway is not started")
-        return self._client
-
     async def start(self) -> None:
-        """Open the upstream client and the routing reader; read the routing state once."""
+        """Open the upstream pools and the routing reader; read the routing state once."""
         s = self.settings
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                connect=s.connect_timeout_seconds,
-                read=s.request_timeout_seconds,
-                write=s.request_timeout_seconds,
-                pool=s.request_timeout_seconds,
-            ),
-            limits=httpx.Limits(
-                max_connections=s.max_connections * len(self.regions),
-                max_keepalive_connections=s.max_connections * len(self.regions),
-                keepalive_expiry=30.0,
-            ),
-            follow_redirects=False,
-            trust_env=False,
-        )
+        self._pools = {
+            region: UpstreamPool(
+                url,
+                connect_timeout=s.connect_timeout_seconds,
+                read_timeout=s.request_timeout_seconds,
+                max_idle=s.max_connections,
+            )
+            for region, url in s.upstreams.items()
+        }
         self._reader = AsyncRoutingReader.from_url(
             s.redis_url, s.routing_key_prefix, s.redis_timeout_seconds
         )
         await self.refresh_routing()
 
     async def stop(self) -> None:
-        """Close the client and the reader."""
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        """Close the connection pool and the reader."""
+        for pool in self._pools.values():
+            await pool.aclose()
+        self._pools = {}
         if self._reader is not None:
             await self._reader.aclose()
             self._reader = None
@@ -588,25 +586,24 @@ class Gateway:
     async def _attempt(
         self, req: _Request, region: str, budget: float | None
     ) -> _Committed | _Failure:
-        url = self.settings.upstreams[region].rstrip("/") + req.path
-        if req.query:
-            url += "?" + req.query
-        upstream = self.client.build_request(req.method, url, content=req.body, headers=req.headers)
-        response: httpx.Response | None = None
+        target = req.path + ("?" + req.query if req.query else "")
+        response: UpstreamResponse | None = None
         committed = False
         try:
             async with asyncio.timeout(budget):
-                response = await self.client.send(upstream, stream=True)
-                if response.status_code >= 500:
-                    error_body = await response.aread()
+                response = await self._pools[region].request(
+                    req.method, target, req.headers, req.body
+                )
+                if response.status >= 500:
+                    error_body = await response.read()
                     return _Failure(
                         "server_error",
-                        f"HTTP {response.status_code}",
-                        response.status_code,
+                        f"HTTP {response.status}",
+                        response.status,
                         error_body,
-                        list(response.headers.multi_items()),
+                        response.headers,
                     )
-                chunks = response.aiter_raw()
+                chunks = response.chunks()
                 first = await anext(chunks, b"")
             if _is_event_stream(response):
                 committed = True
@@ -617,17 +614,16 @@ class Gateway:
             return _Committed(response, chunks, first, b"".join(parts))
         except TimeoutError:
             return _Failure("first_byte_budget", f"no first byte within {budget:g} s")
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return _Failure("connect_error", f"connect error: {exc or type(exc).__name__}")
-        except httpx.TimeoutException as exc:
-            return _Failure("timeout", type(exc).__name__)
-        except httpx.HTTPError as exc:
+        except UpstreamConnectError as exc:
+            return _Failure("connect_error", f"connect error: {exc}")
+        except UpstreamTimeoutError as exc:
+            return _Failure("timeout", str(exc))
+        except UpstreamError as exc:
             return _Failure("upstream_error", f"{type(exc).__name__}: {exc}")
         finally:
             # Everything but a committed stream is finished with its connection here.
             if response is not None and not committed:
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
+                await response.aclose()
 
     async def _respond(
         self,
@@ -639,18 +635,18 @@ class Gateway:
         record: bool,
     ) -> Response:
         response = outcome.response
-        version = response.headers.get(MODEL_VERSION_HEADER, "unknown")[:128]
-        headers = _back_headers(list(response.headers.multi_items()), served, rerouted)
+        version = response.header(MODEL_VERSION_HEADER, "unknown")[:128]
+        headers = _back_headers(response.headers, served, rerouted)
         if outcome.body is not None:
             if record:
                 prompt, completion = _usage(outcome.body, response)
                 self.record(
-                    req, region, served, rerouted, version, response.status_code, prompt, completion
+                    req, region, served, rerouted, version, response.status, prompt, completion
                 )
-            return Response(outcome.body, response.status_code, headers=headers)
+            return Response(outcome.body, response.status, headers=headers)
         return StreamingResponse(
             self._relay(req, region, served, rerouted, version, outcome, record),
-            status_code=response.status_code,
+            status_code=response.status,
             headers=headers,
         )
 
@@ -665,7 +661,7 @@ class Gateway:
         record: bool,
     ) -> AsyncIterator[bytes]:
         tally = _StreamTally(req.strip_usage)
-        status = outcome.response.status_code
+        status = outcome.response.status
         finished = False
         try:
             out = tally.feed(outcome.first)
@@ -679,7 +675,7 @@ class Gateway:
             if rest:
                 yield rest
             finished = True
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
             log.warning("stream from %s cut: %s: %s", served, type(exc).__name__, exc)
             status = 502
             finished = True
@@ -701,17 +697,15 @@ class Gateway:
                     completion,
                     tally.first_token_at,
                 )
-            with anyio.CancelScope(shield=True):
-                await outcome.response.aclose()
+            await outcome.response.aclose()
 
 
-def _is_event_stream(response: httpx.Response) -> bool:
-    content_type: str = response.headers.get("content-type", "")
-    return content_type.startswith("text/event-stream")
+def _is_event_stream(response: UpstreamResponse) -> bool:
+    return response.header("content-type").startswith("text/event-stream")
 
 
-def _usage(body: bytes, response: httpx.Response) -> tuple[int | None, int | None]:
-    if response.status_code >= 300 or "json" not in response.headers.get("content-type", ""):
+def _usage(body: bytes, response: UpstreamResponse) -> tuple[int | None, int | None]:
+    if response.status >= 300 or "json" not in response.header("content-type"):
         return None, None
     try:
         usage = json.loads(body).get("usage")

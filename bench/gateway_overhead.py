@@ -1,0 +1,166 @@
+"""Gateway overhead: latency added by `redline gateway` over calling the upstream directly.
+
+Starts one real redis-server, one `redline simulate upstream` and one `redline gateway` in front
+of it (separate processes, loopback), then alternates identical requests straight to the
+simulator and through the gateway from one keep-alive client, so both see the same machine state.
+Prints p50/p99 per mode, the added milliseconds and the ratio. Target: <= 2 ms added at p50.
+
+Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from redline.platform.processes import free_port, start_redis
+
+TARGET_ADDED_P50_MS = 2.0
+
+
+def _start(argv: list[str], log: Path, url: str) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{argv[3]} exited: {log.read_text()}")
+        try:
+            if httpx.get(url, timeout=0.5).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"{argv[3]} not ready: {log.read_text()}")
+
+
+def redline(*args: str) -> list[str]:
+    """argv running the `redline` CLI of this interpreter."""
+    return [sys.executable, "-m", "redline.cli", *args]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _measure(
+    client: httpx.Client, requests: int, direct: str, proxied: str, stream: bool
+) -> tuple[list[float], list[float]]:
+    body = {
+        "model": "redline-base",
+        "messages": [{"role": "user", "content": "benchmark prompt of a few words"}],
+        "max_tokens": 16,
+        "stream": stream,
+    }
+
+    def once(url: str) -> float:
+        started = time.perf_counter()
+        response = client.post(url, json=body)
+        response.read()
+        elapsed = time.perf_counter() - started
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
+        return elapsed
+
+    for _ in range(200):  # warm-up: connections, caches, the gateway's label children
+        once(direct)
+        once(proxied)
+    direct_times: list[float] = []
+    proxied_times: list[float] = []
+    for index in range(requests):
+        # Alternate which goes first so neither side always follows the other.
+        pair: list[tuple[list[float], str]] = [(direct_times, direct), (proxied_times, proxied)]
+        for times, url in pair if index % 2 == 0 else reversed(pair):
+            times.append(once(url))
+    return direct_times, proxied_times
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=3000, help="requests per mode and side")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="redline-bench-") as tmp:
+        root = Path(tmp)
+        redis = start_redis(root / "redis")
+        sim_port, gw_port = free_port(), free_port()
+        sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
+        processes: list[subprocess.Popen[bytes]] = []
+        try:
+            processes.append(
+                _start(
+                    redline("simulate", "upstream", "--region", "primary", "--port", str(sim_port)),
+                    root / "simulator.log",
+                    f"{sim_url}/healthz",
+                )
+            )
+            processes.append(
+                _start(
+                    redline(
+                        "gateway",
+                        "--port",
+                        str(gw_port),
+                        "--redis-url",
+                        redis.extra["url"],
+                        "--upstream",
+                        f"primary={sim_url}",
+                    ),
+                    root / "gateway.log",
+                    f"{gw_url}/healthz",
+                )
+            )
+            rows = []
+            with httpx.Client(timeout=10.0, trust_env=False) as client:
+                for stream in (False, True):
+                    direct, proxied = _measure(
+                        client,
+                        args.requests,
+                        f"{sim_url}/v1/chat/completions",
+                        f"{gw_url}/v1/chat/completions",
+                        stream,
+                    )
+                    rows.append(("stream" if stream else "json", direct, proxied))
+        finally:
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                try:
+                    process.wait(10)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+            redis.stop()
+
+    print(f"gateway overhead, {args.requests} requests per side and mode, one keep-alive client")
+    header = (
+        f"{'mode':<7}{'quantile':>9}{'direct ms':>11}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}"
+    )
+    print(header)
+    print("-" * len(header))
+    verdicts = []
+    for mode, direct, proxied in rows:
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            d, p = _quantile(direct, q) * 1000, _quantile(proxied, q) * 1000
+            print(f"{mode:<7}{name:>9}{d:>11.3f}{p:>12.3f}{p - d:>10.3f}{p / d:>7.2f}x")
+            if name == "p50":
+                verdicts.append((mode, p - d))
+        mean_added = (statistics.fmean(proxied) - statistics.fmean(direct)) * 1000
+        print(f"{mode:<7}{'mean':>9}{'':>11}{'':>12}{mean_added:>10.3f}")
+    for mode, added in verdicts:
+        ok = "meets" if added <= TARGET_ADDED_P50_MS else "MISSES"
+        print(f"{mode}: {added:.3f} ms added at p50 {ok} the {TARGET_ADDED_P50_MS:g} ms target")
+
+
+if __name__ == "__main__":
+    main()
