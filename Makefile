@@ -10,7 +10,7 @@ APT_NEEDED := $(shell command -v prometheus >/dev/null && command -v promtool >/
               $(shell command -v redis-server >/dev/null || echo redis-server)
 PYTEST_ARGS ?=
 
-.PHONY: setup services demo test lint typecheck generate-check pytest bench clean
+.PHONY: setup services demo test lint typecheck typecheck-tree generate-check pytest bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,12 +37,12 @@ lint: $(STAMP)
 
 # mypy cannot follow setuptools' editable finder (package-dir maps redline.slo -> slo/), so it
 # checks a tree of symlinks laid out as the installed package.
-build/typecheck/redline: $(STAMP) $(wildcard */__init__.py)
+typecheck-tree: $(STAMP)
 	rm -rf build/typecheck && mkdir -p build/typecheck/redline
 	for entry in redline/*; do ln -s "$$PWD/$$entry" build/typecheck/redline/; done
 	for pkg in slo rules dashboards exporters remediation; do ln -s "$$PWD/$$pkg" build/typecheck/redline/$$pkg; done
 
-typecheck: build/typecheck/redline
+typecheck: typecheck-tree
 	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p redline
 
 generate-check: $(STAMP)

@@ -8,7 +8,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from redline.slo.load import LoadedSpec, SpecError, load_spec
+from redline.generate import RULES_DIR, build_outputs, diff_outputs, write_outputs
+from redline.rules.alertmanager import used_playbooks
+from redline.rules.build import build_rule_groups
+from redline.slo.load import LoadedSpec, SpecError, apply_profile, load_spec
+from redline.toolcheck import ToolMissingError, run_checks
 
 app = typer.Typer(
     name="redline",
@@ -61,6 +65,102 @@ def validate(spec: SpecArg = None) -> None:
     )
 
 
+ProfileOpt = Annotated[
+    str | None, typer.Option("--profile", help="Timing profile of the spec (e.g. local).")
+]
+
+
+def source_name(loaded: LoadedSpec) -> str:
+    """How generated files name their spec: a stable path, never an absolute temp path."""
+    if loaded.source.startswith("<embedded>/"):
+        return "slo/specs/" + loaded.source.removeprefix("<embedded>/")
+    return Path(loaded.source).name
+
+
+def _generated(spec_path: Path | None, profile: str | None) -> tuple[LoadedSpec, dict[Path, str]]:
+    loaded = load_or_exit(spec_path)
+    try:
+        spec = apply_profile(loaded.spec, profile)
+    except SpecError as exc:
+        for line in exc.problems:
+            err.print(f"{loaded.source}: {line}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    return loaded, build_outputs(spec, source_name(loaded))
+
+
+@app.command()
+def generate(
+    spec: SpecOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Root the generated tree is written under.")
+    ] = Path("."),
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if the files on disk differ.")
+    ] = False,
+    profile: ProfileOpt = None,
+) -> None:
+    """Write rules, promtool tests, alertmanager.yml and the PrometheusRule from the spec."""
+    _, outputs = _generated(spec, profile)
+    if check:
+        diffs = diff_outputs(out, outputs)
+        for path, diff in diffs.items():
+            err.print(f"{path}: differs from the spec; run `redline generate`", markup=False)
+            err.print(diff, markup=False, highlight=False)
+        if diffs:
+            raise typer.Exit(1)
+        console.print(f"{len(outputs)} generated files are up to date", markup=False)
+        return
+    changed = write_outputs(out, outputs)
+    for path in outputs:
+        state = "written" if path in changed else "unchanged"
+        console.print(f"{out / path}: {state}", markup=False, highlight=False)
+
+
+@app.command()
+def check(
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Directory holding the generated files.")
+    ] = RULES_DIR,
+) -> None:
+    """Run promtool check rules, promtool test rules and amtool check-config on the output."""
+    try:
+        results = run_checks(directory)
+    except ToolMissingError as exc:
+        err.print(str(exc), markup=False)
+        raise typer.Exit(3) from None
+    for result in results:
+        mark = "ok" if result.ok else "FAILED"
+        console.print(f"{result.name}: {mark}", markup=False)
+        if not result.ok:
+            console.print(result.output, markup=False, highlight=False)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+def summarize(loaded: LoadedSpec, profile: str | None) -> None:
+    """Print what the spec generates: alerts, recording rules, routes."""
+    from rich.table import Table
+
+    spec = apply_profile(loaded.spec, profile)
+    groups = build_rule_groups(spec)
+    table = Table(title=f"redline rules for {spec.service}")
+    for column in ("group", "recording rules", "alerts"):
+        table.add_column(column)
+    for group in groups:
+        names = sorted({a.alert for a in group.alerts})
+        table.add_row(group.name, str(len(group.recordings)), ", ".join(names) or "-")
+    console.print(table)
+    playbooks = used_playbooks(spec)
+    console.print(
+        f"Alertmanager routes to the remediation webhook by playbook: {', '.join(playbooks)}"
+    )
+
+
+from redline.cli_exporters import register_exporter_commands  # noqa: E402
+
+register_exporter_commands(app)
+
+
 from redline.cli_sessions import sessions_app  # noqa: E402
 
 app.add_typer(sessions_app, name="sessions")
@@ -70,14 +170,41 @@ from redline.cli_index import index_app  # noqa: E402
 app.add_typer(index_app, name="index")
 
 
-from redline.cli_exporters import register_exporter_commands  # noqa: E402
+from redline.cli_serving import register as register_serving  # noqa: E402
 
-register_exporter_commands(app)
+register_serving(app)
 
 
 from redline.cli_remediation import register as register_remediation  # noqa: E402
 
 register_remediation(app)
+
+
+@app.command()
+def demo(
+    spec: SpecOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Where the demo writes its generated tree.")
+    ] = Path(".redline/demo"),
+) -> None:
+    """Validate the spec, generate everything, run promtool/amtool, and summarize the result."""
+    loaded, outputs = _generated(spec, None)
+    console.print(f"spec {loaded.source}: valid ({len(loaded.warnings)} warning(s))", markup=False)
+    write_outputs(out, outputs)
+    for path in outputs:
+        console.print(f"generated {out / path}", markup=False, highlight=False)
+    try:
+        results = run_checks(out / RULES_DIR)
+    except ToolMissingError as exc:
+        err.print(str(exc), markup=False)
+        raise typer.Exit(3) from None
+    for result in results:
+        console.print(f"{result.name}: {'ok' if result.ok else 'FAILED'}", markup=False)
+        if not result.ok:
+            console.print(result.output, markup=False, highlight=False)
+    summarize(loaded, None)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
 
 
 def main() -> None:

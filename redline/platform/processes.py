@@ -169,7 +169,7 @@ def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1")
         "--save", "",
         "--appendonly", "yes",
         "--appendfsync", "everysec",
-        "--notify-keyspace-events", "Exg",
+        "--notify-keyspace-events", "Exge",
         "--daemonize", "no",
     ]  # fmt: skip
     process, log = _spawn("redis", argv, workdir)

@@ -1,0 +1,232 @@
+"""The spec model and loader: defaults, errors that name file and field, cross-field checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from redline.slo.load import SpecError, apply_profile, default_spec_text, load_spec, parse_spec
+from redline.slo.spec import PLAYBOOK_NAMES, parse_duration
+
+
+def _spec_with(**changes: object) -> str:
+    data = yaml.safe_load(default_spec_text())
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node[key]
+        node[leaf] = value
+    return yaml.safe_dump(data)
+
+
+def _problems(text: str, source: str = "spec.yaml") -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, source)
+    return info.value.problems
+
+
+def test_default_spec_carries_the_seed_numbers() -> None:
+    loaded = load_spec()
+    spec = loaded.spec
+    assert spec.version == "v1"
+    assert spec.red_lines.latency_p99.threshold_seconds == 0.8
+    assert spec.red_lines.latency_p99.includes_reroute is True
+    assert spec.red_lines.context_keepalive.min_seconds == 300
+    assert spec.red_lines.index_consistency.max_staleness_seconds == 12
+    assert (
+        spec.rpo.lora_adapter.max_seconds,
+        spec.rpo.lora_adapter.checkpoint_interval_seconds,
+    ) == (
+        90,
+        120,
+    )
+    assert spec.rpo.session_state.max_seconds == 3
+    assert spec.rpo.embedding_index.max_seconds == 12
+    gate = spec.rollback
+    assert (gate.p99_increase_ratio, gate.accuracy_drop, gate.window_seconds, gate.min_samples) == (
+        0.15,
+        0.008,
+        300,
+        2000,
+    )
+    assert gate.playbook == "semantic_rollback"
+    assert [(s.name, s.objective) for s in spec.slos] == [
+        ("latency", 0.99),
+        ("availability", 0.999),
+    ]
+
+
+def test_default_spec_warns_that_a_120s_checkpoint_cannot_hold_a_90s_rpo() -> None:
+    warnings = load_spec().warnings
+    assert [w.field for w in warnings] == ["rpo.lora_adapter.checkpoint_interval_seconds"]
+    assert "120 s cannot guarantee an RPO of 90 s" in warnings[0].message
+
+
+def test_spec_is_frozen() -> None:
+    spec = load_spec().spec
+    with pytest.raises(ValueError):
+        spec.red_lines.latency_p99.threshold_seconds = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        ("version: v1\nservice: [unclosed", "line 2", "malformed YAML"),
+        (_spec_with(colour="red"), "colour", "unknown field"),
+        (
+            _spec_with(red_lines__latency_p99__threshold_seconds="fast"),
+            "red_lines.latency_p99.threshold_seconds",
+            "valid number",
+        ),
+        (
+            _spec_with(red_lines__latency_p99__threshold_seconds=-1),
+            "red_lines.latency_p99.threshold_seconds",
+            "greater than 0",
+        ),
+        (
+            _spec_with(rollback__playbook="reboot_everything"),
+            "rollback.playbook",
+            "'semantic_rollback'",
+        ),
+        (_spec_with(version="v2"), "version", "'v1'"),
+        (
+            _spec_with(slos=[{"name": "x", "objective": 1.5, "sli": {"kind": "errors"}}]),
+            "slos[0].objective",
+            "less than 1",
+        ),
+        (
+            _spec_with(slos=[{"name": "x", "objective": 0.9, "sli": {"kind": "bogus"}}]),
+            "slos[0].sli",
+            "kind",
+        ),
+        (_spec_with(regions=["a", "a"]), "regions", "unique"),
+        ("- just\n- a list\n", "(top level)", "expected a mapping"),
+        ("", "(top level)", "empty document"),
+    ],
+)
+def test_bad_input_names_file_and_field(text: str, field: str, message: str) -> None:
+    problems = _problems(text)
+    matching = [p for p in problems if p.startswith(f"spec.yaml: {field}")]
+    assert matching, problems
+    assert any(message in p for p in matching), problems
+
+
+def test_unknown_playbook_lists_the_allowed_ones() -> None:
+    (line,) = _problems(_spec_with(red_lines__latency_p99__playbook="restart"))
+    for name in PLAYBOOK_NAMES:
+        assert name in line
+
+
+def test_missing_file_is_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(tmp_path / "nope.yaml")
+    assert info.value.problems == [f"{tmp_path / 'nope.yaml'}: (file): no such file"]
+
+
+def test_latency_threshold_without_a_bucket_is_an_error() -> None:
+    problems = _problems(_spec_with(red_lines__latency_p99__threshold_seconds=0.75))
+    assert any(
+        p.startswith(
+            "spec.yaml: red_lines.latency_p99.threshold_seconds: error: 0.75 s is not a bucket"
+        )
+        for p in problems
+    ), problems
+
+
+def test_slo_threshold_without_a_bucket_is_an_error() -> None:
+    slos = [
+        {
+            "name": "fast",
+            "objective": 0.9,
+            "sli": {"kind": "slow_requests", "threshold_seconds": 0.25},
+        }
+    ]
+    problems = _problems(_spec_with(slos=slos))
+    assert any("slos[0].sli.threshold_seconds: error" in p for p in problems), problems
+
+
+def test_window_shorter_than_scrape_interval_is_an_error() -> None:
+    problems = _problems(_spec_with(timing__scrape_interval_seconds=600))
+    assert any("rollback.window_seconds: error" in p and "shorter than" in p for p in problems)
+
+
+def test_window_shorter_than_four_scrapes_warns() -> None:
+    loaded = parse_spec(_spec_with(timing__scrape_interval_seconds=100), "spec.yaml")
+    assert any(w.field == "rollback.window_seconds" for w in loaded.warnings)
+
+
+def test_profile_overrides_timing_and_for_durations() -> None:
+    spec = apply_profile(load_spec().spec, "local")
+    assert spec.timing.scrape_interval_seconds == 1
+    assert spec.red_lines.latency_p99.for_seconds == 2
+    assert spec.rollback.for_seconds == 2
+    with pytest.raises(SpecError, match="unknown profile 'nope'; allowed: local"):
+        apply_profile(load_spec().spec, "nope")
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("30d") == 30 * 86400
+    assert parse_duration("5m") == 300
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("5 minutes")
+
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+)
+_values = st.recursive(
+    _scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    ["version", "service", "regions", "red_lines", "rpo", "rollback", "slos", "drift", "sources",
+     "timing", "profiles", "receiver", "runbook_base_url", "junk"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(st.dictionaries(_keys, _values, max_size=8))
+def test_generated_specs_never_crash_the_loader(data: dict[str, object]) -> None:
+    text = yaml.safe_dump(data)
+    try:
+        parse_spec(text, "fuzz.yaml")
+    except SpecError as exc:
+        assert exc.problems
+        assert all(line.startswith("fuzz.yaml: ") for line in exc.problems)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
+    try:
+        parse_spec(text, "fuzz.yaml")
+    except SpecError as exc:
+        assert all(line.startswith("fuzz.yaml: ") for line in exc.problems)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {
+            "red_lines__latency_p99__for_seconds": st.integers(0, 10**6),
+            "rollback__min_samples": st.integers(1, 10**7),
+            "rollback__p99_increase_ratio": st.floats(0.001, 10),
+            "rpo__session_state__max_seconds": st.floats(0.1, 10**5),
+        }
+    )
+)
+def test_valid_variations_load(changes: dict[str, object]) -> None:
+    loaded = parse_spec(_spec_with(**changes), "ok.yaml")
+    assert loaded.spec.rollback.min_samples == changes["rollback__min_samples"]
