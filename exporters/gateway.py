@@ -109,6 +109,10 @@ _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
+class StreamCutError(Exception):
+    """An upstream stream broke after its first bytes were forwarded; the client's is aborted."""
+
+
 class GatewayConfigError(Exception):
     """The gateway cannot start with these settings (e.g. no upstreams)."""
 
@@ -676,9 +680,11 @@ class Gateway:
                 yield rest
             finished = True
         except UpstreamError as exc:
-            log.warning("stream from %s cut: %s: %s", served, type(exc).__name__, exc)
             status = 502
             finished = True
+            # Re-raised so the server drops the client connection without ending the chunked
+            # body: the client must see a broken stream, not a clean end without [DONE].
+            raise StreamCutError(f"stream from {served} cut: {exc}") from exc
         finally:
             if not finished:
                 status = 499  # the client went away

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import socketserver
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +20,12 @@ import redis
 from prometheus_client import CollectorRegistry
 
 from redline.exporters.gateway import GatewaySettings, build_gateway_app
+from redline.exporters.upstream import (
+    UpstreamConnectError,
+    UpstreamPool,
+    UpstreamProtocolError,
+    UpstreamTimeoutError,
+)
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER
 from redline.platform.processes import find_binary, free_port, start_redis
 from redline.platform.routing import RoutingStore
@@ -531,3 +541,271 @@ def test_models_are_proxied(
     assert response.status_code == 200
     assert response.json()["data"][0]["id"] == BASE
     assert gw.total("llm_requests_total") == 0  # not an inference request
+
+
+# --- the gateway's upstream HTTP/1.1 client, against a scripted raw-socket server -------------
+
+Action = bytes | float | None  # bytes: send; float: sleep; None: close the connection
+
+
+class RawServer:
+    """A loopback TCP server answering each request (any method) with scripted raw bytes."""
+
+    def __init__(self, script: Callable[[int], list[Action]]) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                with server._lock:
+                    server.connections += 1
+                sock: socket.socket = self.request
+                buffer = b""
+                while True:
+                    while b"\r\n\r\n" not in buffer:
+                        data = sock.recv(65536)
+                        if not data:
+                            return
+                        buffer += data
+                    head, _, buffer = buffer.partition(b"\r\n\r\n")
+                    length = 0
+                    for line in head.split(b"\r\n")[1:]:
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    while len(buffer) < length:
+                        buffer += sock.recv(65536)
+                    buffer = buffer[length:]
+                    with server._lock:
+                        index = len(server.requests)
+                        server.requests.append(head)
+                    for action in server.script(index):
+                        if action is None:
+                            sock.close()
+                            return
+                        if isinstance(action, float):
+                            time.sleep(action)
+                        else:
+                            sock.sendall(action)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def raw_server() -> Iterator[Callable[[Callable[[int], list[Action]]], RawServer]]:
+    servers: list[RawServer] = []
+
+    def start(script: Callable[[int], list[Action]]) -> RawServer:
+        servers.append(RawServer(script))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def ok(body: bytes = b"hello", extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+async def fetch(pool: UpstreamPool, method: str = "POST") -> tuple[int, list[bytes]]:
+    response = await pool.request(method, "/v1/x?a=1", [("x-test", "1")], b"{}")
+    pieces = [piece async for piece in response.chunks()]
+    return response.status, pieces
+
+
+def test_upstream_pool_reuses_keep_alive_connections(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    server = raw_server(lambda i: [ok(b"answer %d" % i)])
+
+    async def run() -> list[bytes]:
+        pool = UpstreamPool(server.url + "/prefix")
+        try:
+            return [b"".join((await fetch(pool))[1]) for _ in range(3)]
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(run()) == [b"answer 0", b"answer 1", b"answer 2"]
+    assert server.connections == 1
+    first = server.requests[0].split(b"\r\n")
+    assert first[0] == b"POST /prefix/v1/x?a=1 HTTP/1.1"
+    assert b"x-test: 1" in first and b"content-length: 2" in first
+
+
+def test_upstream_pool_relays_chunks_as_they_arrive(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    server = raw_server(
+        lambda i: [head, b"5;ext=1\r\nfirst\r\n", 0.2, b"6\r\nsecond\r\n0\r\nx-trailer: 1\r\n\r\n"]
+    )
+
+    async def run() -> list[tuple[float, bytes]]:
+        pool = UpstreamPool(server.url)
+        try:
+            response = await pool.request("POST", "/", [], b"")
+            started = time.perf_counter()
+            out = [(time.perf_counter() - started, piece) async for piece in response.chunks()]
+            out.append((0.0, b"%d" % (await fetch(pool))[0]))  # the connection was reused
+            return out
+        finally:
+            await pool.aclose()
+
+    pieces = asyncio.run(run())
+    assert [p for _, p in pieces] == [b"first", b"second", b"200"]
+    assert pieces[0][0] < 0.1 <= pieces[1][0]
+    assert server.connections == 1
+
+
+def test_upstream_pool_reads_close_delimited_and_empty_bodies(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    scripts: dict[int, list[Action]] = {
+        0: [b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nuntil ", b"the end", None],
+        1: [b"HTTP/1.1 204 No Content\r\n\r\n"],
+        2: [b"HTTP/1.1 100 Continue\r\n\r\n", ok(b"after continue")],
+        3: [b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n"],  # HEAD: no body follows
+    }
+    server = raw_server(lambda i: scripts[i])
+
+    async def run() -> list[tuple[int, bytes]]:
+        pool = UpstreamPool(server.url)
+        try:
+            out = []
+            for method in ("POST", "POST", "POST", "HEAD"):
+                status, pieces = await fetch(pool, method)
+                out.append((status, b"".join(pieces)))
+            return out
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(run()) == [
+        (200, b"until the end"),
+        (204, b""),
+        (200, b"after continue"),
+        (200, b""),
+    ]
+    assert server.connections == 2  # the close-delimited body used up its connection
+
+
+def test_upstream_pool_retries_a_reused_connection_the_server_dropped(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    # The second request arrives on the kept-alive connection, which the server then drops
+    # without answering (as an upstream closing an idle connection does): retried once.
+    server = raw_server(lambda i: [None] if i == 1 else [ok(b"fine %d" % i)])
+
+    async def run() -> list[bytes]:
+        pool = UpstreamPool(server.url)
+        try:
+            return [b"".join((await fetch(pool))[1]) for _ in range(2)]
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(run()) == [b"fine 0", b"fine 2"]
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("script", "error", "fragment"),
+    [
+        ([b"HTTP/1.1 2OO OK\r\n\r\n"], UpstreamProtocolError, "bad status line"),
+        ([b"SMTP ready\r\n\r\n"], UpstreamProtocolError, "bad status line"),
+        ([b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n"], UpstreamProtocolError, "header"),
+        ([b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n"], UpstreamProtocolError, "length"),
+        (
+            [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", None],
+            UpstreamProtocolError,
+            "body bytes missing",
+        ),
+        (
+            [b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n"],
+            UpstreamProtocolError,
+            "chunk size",
+        ),
+        ([b"HTTP/1.1 200 OK\r\n"], UpstreamProtocolError, "head"),  # then closed below
+        ([0.5], UpstreamTimeoutError, "timed out"),
+        ([None], UpstreamProtocolError, "without answering"),
+    ],
+)
+def test_upstream_pool_reports_bad_responses(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+    script: list[Action],
+    error: type[Exception],
+    fragment: str,
+) -> None:
+    if script == [b"HTTP/1.1 200 OK\r\n"]:
+        script = [*script, None]
+    server = raw_server(lambda i: script)
+
+    async def run() -> None:
+        pool = UpstreamPool(server.url, read_timeout=0.2)
+        try:
+            await fetch(pool)
+        finally:
+            await pool.aclose()
+
+    with pytest.raises(error, match=fragment):
+        asyncio.run(run())
+
+
+def test_upstream_pool_closes_abandoned_responses_and_refused_connects(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    server = raw_server(lambda i: [ok(b"x" * 100_000)])
+
+    async def run() -> None:
+        pool = UpstreamPool(server.url)
+        try:
+            response = await pool.request("POST", "/", [], b"")
+            await response.aclose()  # body never read: the connection cannot be reused
+            await fetch(pool)
+        finally:
+            await pool.aclose()
+        with pytest.raises(UpstreamConnectError, match="connect to"):
+            await fetch(UpstreamPool(f"http://127.0.0.1:{free_port()}"))
+
+    asyncio.run(run())
+    assert server.connections == 2
+
+
+def test_a_stream_cut_by_the_upstream_is_a_502_error(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    event = b'data: {"choices":[{"index":0,"delta":{"content":"tok"}}]}\n\n'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+    server = raw_server(
+        lambda i: [
+            head + b"x-redline-model-version: v9\r\n\r\n",
+            b"%x\r\n%s\r\n" % (len(event), event),
+            None,
+        ]
+    )
+    gw = start_gateway({"primary": server.url})
+    with pytest.raises(httpx.RemoteProtocolError):
+        gw.client.post("/v1/chat/completions", json=chat(stream=True))
+    labels = {
+        **duration_labels("primary", "primary", "false"),
+        "model_version": "v9",
+        "status": "502",
+    }
+    wait_for(lambda: gw.value("llm_request_errors_total", **labels) == 1)
+    assert (
+        gw.value(
+            "llm_generated_tokens_total", served_region="primary", model=BASE, model_version="v9"
+        )
+        == 1
+    )
