@@ -150,7 +150,7 @@ def summarize(loaded: LoadedSpec, profile: str | None) -> None:
         names = sorted({a.alert for a in group.alerts})
         table.add_row(group.name, str(len(group.recordings)), ", ".join(names) or "-")
     console.print(table)
-    playbooks = used_playbooks(spec)
+    playbooks = used_playbooks(groups)
     console.print(
         f"Alertmanager routes to the remediation webhook by playbook: {', '.join(playbooks)}"
     )

@@ -22,11 +22,12 @@ PROMETHEUS_RULE_FILE = "prometheusrule.yaml"
 
 def build_outputs(spec: Spec, source: str) -> dict[Path, str]:
     """Every generated file (path relative to the repo root) and its text."""
+    groups = build_rule_groups(spec)
     return {
-        RULES_DIR / RULE_FILE: render_rule_file(build_rule_groups(spec), source),
-        RULES_DIR / TEST_FILE: render_yaml(build_rule_tests(spec, [RULE_FILE]), source),
-        RULES_DIR / ALERTMANAGER_FILE: render_yaml(build_alertmanager_config(spec), source),
-        RULES_DIR / PROMETHEUS_RULE_FILE: render_yaml(build_prometheus_rule(spec), source),
+        RULES_DIR / RULE_FILE: render_rule_file(groups, source),
+        RULES_DIR / TEST_FILE: render_yaml(build_rule_tests(spec, groups, [RULE_FILE]), source),
+        RULES_DIR / ALERTMANAGER_FILE: render_yaml(build_alertmanager_config(spec, groups), source),
+        RULES_DIR / PROMETHEUS_RULE_FILE: render_yaml(build_prometheus_rule(spec, groups), source),
     }
 
 

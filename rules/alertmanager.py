@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from redline.rules.build import build_rule_groups
-from redline.rules.model import format_duration
+from redline.rules.model import RuleGroup, format_duration
 from redline.slo.spec import Spec
 
 RECEIVER = "redline-remediation"
@@ -23,18 +22,18 @@ GROUP_BY = [
 """Labels that name a remediation target: one notification (and one job) per target."""
 
 
-def used_playbooks(spec: Spec) -> list[str]:
-    """Playbooks some generated alert routes to, sorted."""
+def used_playbooks(groups: list[RuleGroup]) -> list[str]:
+    """Playbooks some alert of `groups` routes to, sorted."""
     found = {
         rule.labels["playbook"]
-        for group in build_rule_groups(spec)
+        for group in groups
         for rule in group.alerts
         if "playbook" in rule.labels
     }
     return sorted(found)
 
 
-def build_alertmanager_config(spec: Spec) -> dict[str, Any]:
+def build_alertmanager_config(spec: Spec, groups: list[RuleGroup]) -> dict[str, Any]:
     """The Alertmanager config: every alert to the receiver, a child route per playbook."""
     timing = spec.timing
     webhook = {
@@ -55,7 +54,7 @@ def build_alertmanager_config(spec: Spec) -> dict[str, Any]:
             "group_by": GROUP_BY,
             "continue": False,
         }
-        for playbook in used_playbooks(spec)
+        for playbook in used_playbooks(groups)
     ]
     return {
         "global": {"resolve_timeout": "5m"},
@@ -85,7 +84,7 @@ def build_alertmanager_config(spec: Spec) -> dict[str, Any]:
     }
 
 
-def build_prometheus_rule(spec: Spec) -> dict[str, Any]:
+def build_prometheus_rule(spec: Spec, groups: list[RuleGroup]) -> dict[str, Any]:
     """A prometheus-operator `PrometheusRule` holding every rule group."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -98,5 +97,5 @@ def build_prometheus_rule(spec: Spec) -> dict[str, Any]:
                 "role": "alert-rules",
             },
         },
-        "spec": {"groups": [group.to_dict() for group in build_rule_groups(spec)]},
+        "spec": {"groups": [group.to_dict() for group in groups]},
     }

@@ -15,11 +15,10 @@ from typing import Any
 from redline.rules.build import (
     BURN_WINDOWS,
     SLI_GUARDS,
-    build_rule_groups,
     burn_factor,
     rollback_records,
 )
-from redline.rules.model import AlertRule, format_duration, number
+from redline.rules.model import AlertRule, RuleGroup, format_duration, number
 from redline.slo.spec import Slo, Spec, parse_duration
 
 SERIES_INTERVAL = 60
@@ -179,8 +178,8 @@ def _bucket_around(spec: Spec, threshold: float) -> tuple[float, float]:
 
 
 class _Rules:
-    def __init__(self, spec: Spec) -> None:
-        self.alerts = [a for g in build_rule_groups(spec) for a in g.alerts]
+    def __init__(self, groups: list[RuleGroup]) -> None:
+        self.alerts = [a for g in groups for a in g.alerts]
 
     def get(self, name: str, **labels: str) -> AlertRule:
         for rule in self.alerts:
@@ -554,9 +553,9 @@ def build_guard_cases(spec: Spec, rules: _Rules) -> list[Case]:
     ]
 
 
-def build_rule_tests(spec: Spec, rule_files: list[str]) -> dict[str, Any]:
-    """The promtool test file for `rule_files` (paths relative to the test file)."""
-    rules = _Rules(spec)
+def build_rule_tests(spec: Spec, groups: list[RuleGroup], rule_files: list[str]) -> dict[str, Any]:
+    """The promtool test file proving `groups` (in `rule_files`, relative to the test file)."""
+    rules = _Rules(groups)
     cases = [
         *build_red_line_cases(spec, rules),
         *build_rpo_cases(spec, rules),

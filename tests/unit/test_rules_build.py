@@ -95,7 +95,7 @@ def test_local_profile_shortens_intervals(spec: Spec) -> None:
 
 
 def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
-    config = build_alertmanager_config(spec)
+    config = build_alertmanager_config(spec, build_rule_groups(spec))
     matchers = [r["matchers"][0] for r in config["route"]["routes"]]
     assert matchers == [
         'playbook="freeze_and_replay"',
@@ -115,7 +115,7 @@ def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
 
 
 def test_prometheus_rule_manifest(spec: Spec) -> None:
-    manifest = build_prometheus_rule(spec)
+    manifest = build_prometheus_rule(spec, build_rule_groups(spec))
     assert manifest["kind"] == "PrometheusRule"
     assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
     assert len(manifest["spec"]["groups"]) == len(build_rule_groups(spec))
@@ -146,3 +146,23 @@ def test_humanize_duration_matches_prometheus() -> None:
     assert humanize_duration(600) == "10m 0s"
     assert humanize_duration(90061) == "1d 1h 1m 1s"
     assert humanize_duration(0.25) == "250ms"
+
+
+def test_pure_python_and_libyaml_emitters_write_the_same_text(spec: Spec) -> None:
+    from redline.rules import render
+
+    fast = render.render_rule_file(build_rule_groups(spec), "x.yaml")
+
+    class Slow(yaml.SafeDumper):
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
+    Slow.add_representer(str, render._str)
+    body = yaml.dump(
+        {"groups": [g.to_dict() for g in build_rule_groups(spec)]},
+        Dumper=Slow,
+        sort_keys=False,
+        width=100,
+        allow_unicode=True,
+    )
+    assert fast == f"{render.HEADER}# Source: x.yaml\n{body}"
