@@ -473,7 +473,7 @@ def test_every_probe_is_wired_from_settings(
     try:
         for vector in rng.standard_normal((80, 8)):
             client.xadd("embeddings", {"vector": encode_vector(vector)})
-        client.xgroup_create("session:cdc", "replica", id="$", mkstream=True)
+        client.xgroup_create("wired:cdc", "replica", id="$", mkstream=True)
     finally:
         client.close()
     uri = milvus_service.extra["uri"]
@@ -502,7 +502,7 @@ def test_every_probe_is_wired_from_settings(
         },
         "session_rpo": {
             "interval_seconds": 0.5,
-            "targets": [{"stream": "session:cdc", "group": "replica"}],
+            "targets": [{"stream": "wired:cdc", "group": "replica"}],
         },
         "keepalive": {"interval_seconds": 0.5, "ttl_seconds": 600},
         "drift": {"interval_seconds": 1, "source": "redis_stream", "stream": "embeddings"},
@@ -551,7 +551,7 @@ def test_every_probe_is_wired_from_settings(
             values(text, "llm_probe_success")[(("probe", "healthz"), ("region", "secondary"))] == 1
         )
         assert values(text, "session_cdc_rpo_seconds") == {
-            (("group", "replica"), ("stream", "session:cdc")): 0.0
+            (("group", "replica"), ("stream", "wired:cdc")): 0.0
         }
         result = promtool_check(text)
         assert result.returncode == 0, result.stdout + result.stderr
