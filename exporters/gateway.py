@@ -106,6 +106,8 @@ _HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED_BACK = _HOP_BY_HOP | {"date", "server"}
 _EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+_CONTENT_MEMBER = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
+_USAGE_MEMBER = re.compile(rb'"usage"\s*:\s*\{')
 _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
@@ -334,40 +336,37 @@ class _StreamTally:
         return b"".join(out)
 
     def _inspect(self, event: bytes) -> bool:
-        """Account for one event; False when it is the usage chunk to strip."""
+        """Account for one event; False when it is the usage chunk to strip.
+
+        Only events that carry a usage object are JSON-decoded; content chunks are recognised
+        by their `"content":"<non-empty>` (or `"text":`) member, which cannot occur unescaped
+        inside a JSON string, so streaming costs no JSON decoding per token."""
+        keep = True
         for line in event.splitlines():
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
             if not data or data == b"[DONE]":
                 continue
+            contents = len(_CONTENT_MEMBER.findall(data))
+            if contents:
+                self.content_chunks += contents
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
+            if _USAGE_MEMBER.search(data) is None:
+                continue
             try:
                 payload = json.loads(data)
             except ValueError:
                 continue
-            if not isinstance(payload, dict):
+            usage = payload.get("usage") if isinstance(payload, dict) else None
+            if not isinstance(usage, dict):
                 continue
-            usage = payload.get("usage")
-            if isinstance(usage, dict):
-                self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-                self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
-            choices = payload.get("choices")
-            if isinstance(choices, list):
-                for choice in choices:
-                    if isinstance(choice, dict) and _has_content(choice):
-                        self.content_chunks += 1
-                        if self.first_token_at is None:
-                            self.first_token_at = time.perf_counter()
-                if self.strip_usage and not choices and isinstance(usage, dict):
-                    return False
-        return True
-
-
-def _has_content(choice: dict[str, Any]) -> bool:
-    delta = choice.get("delta")
-    if isinstance(delta, dict) and delta.get("content"):
-        return True
-    return bool(choice.get("text"))
+            self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+            self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            if self.strip_usage and payload.get("choices") == []:
+                keep = False
+        return keep
 
 
 def _int_or_none(value: object) -> int | None:

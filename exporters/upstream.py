@@ -106,7 +106,7 @@ class UpstreamResponse:
         try:
             if self._framing == "length":
                 while self._remaining > 0:
-                    async with _reading(timeout):
+                    async with asyncio.timeout(timeout):
                         data = await reader.read(min(self._remaining, _READ_SIZE))
                     if not data:
                         raise UpstreamProtocolError(
@@ -116,27 +116,26 @@ class UpstreamResponse:
                     yield data
             elif self._framing == "chunked":
                 while True:
-                    async with _reading(timeout):
+                    # One timer per chunk: size line, data and CRLF usually arrive together.
+                    async with asyncio.timeout(timeout):
                         line = await reader.readuntil(b"\r\n")
-                    try:
-                        size = int(line.split(b";", 1)[0].strip(), 16)
-                    except ValueError:
-                        raise UpstreamProtocolError(f"bad chunk size line {line[:40]!r}") from None
-                    if size == 0:
-                        while True:  # trailers, up to the blank line
-                            async with _reading(timeout):
-                                trailer = await reader.readuntil(b"\r\n")
-                            if trailer == b"\r\n":
-                                break
-                        break
-                    async with _reading(timeout):
+                        try:
+                            size = int(line.split(b";", 1)[0].strip(), 16)
+                        except ValueError:
+                            raise UpstreamProtocolError(
+                                f"bad chunk size line {line[:40]!r}"
+                            ) from None
+                        if size == 0:
+                            while await reader.readuntil(b"\r\n") != b"\r\n":
+                                pass  # trailers, up to the blank line
+                            break
                         data = await reader.readexactly(size + 2)
                     if data[-2:] != b"\r\n":
                         raise UpstreamProtocolError("chunk not followed by CRLF")
                     yield data[:-2]
             elif self._framing == "close":
                 while True:
-                    async with _reading(timeout):
+                    async with asyncio.timeout(timeout):
                         data = await reader.read(_READ_SIZE)
                     if not data:
                         break
@@ -144,6 +143,10 @@ class UpstreamResponse:
             self._done = True
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError) as exc:
             raise UpstreamProtocolError(f"response cut: {type(exc).__name__}: {exc}") from None
+        except TimeoutError:
+            # Only this generator's own read timers raise TimeoutError in here; an outer
+            # deadline arrives as CancelledError and is converted by its own context manager.
+            raise UpstreamTimeoutError(f"read timed out after {timeout:g} s") from None
         finally:
             self._release()
 
@@ -163,22 +166,6 @@ class UpstreamResponse:
     async def aclose(self) -> None:
         """Release the connection: back to the pool if the body was read, else closed."""
         self._release()
-
-
-class _reading:  # noqa: N801 - used like asyncio.timeout
-    """asyncio.timeout for one read, raising UpstreamTimeoutError."""
-
-    def __init__(self, seconds: float) -> None:
-        self._timeout = asyncio.timeout(seconds)
-
-    async def __aenter__(self) -> None:
-        await self._timeout.__aenter__()
-
-    async def __aexit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
-        try:
-            await self._timeout.__aexit__(kind, exc, tb)  # type: ignore[arg-type]
-        except TimeoutError:
-            raise UpstreamTimeoutError("read timed out") from None
 
 
 class UpstreamPool:
@@ -279,8 +266,12 @@ class UpstreamPool:
         reader = connection.reader
         while True:
             try:
-                async with _reading(self.read_timeout):
+                async with asyncio.timeout(self.read_timeout):
                     raw = await reader.readuntil(b"\r\n\r\n")
+            except TimeoutError:
+                raise UpstreamTimeoutError(
+                    f"no response head within {self.read_timeout:g} s"
+                ) from None
             except asyncio.IncompleteReadError as exc:
                 if not exc.partial:
                     raise _Stale from None

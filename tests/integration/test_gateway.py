@@ -736,7 +736,7 @@ def test_upstream_pool_retries_a_reused_connection_the_server_dropped(
             "chunk size",
         ),
         ([b"HTTP/1.1 200 OK\r\n"], UpstreamProtocolError, "head"),  # then closed below
-        ([0.5], UpstreamTimeoutError, "timed out"),
+        ([0.5], UpstreamTimeoutError, "no response head within 0.2 s"),
         ([None], UpstreamProtocolError, "without answering"),
     ],
 )
@@ -809,3 +809,47 @@ def test_a_stream_cut_by_the_upstream_is_a_502_error(
         )
         == 1
     )
+
+
+def test_upstream_pool_times_out_a_stalled_body(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    server = raw_server(lambda i: [head, b"2\r\nok\r\n", 0.6])
+
+    async def run() -> list[bytes]:
+        pool = UpstreamPool(server.url, read_timeout=0.2)
+        got: list[bytes] = []
+        try:
+            response = await pool.request("POST", "/", [], b"")
+            with pytest.raises(UpstreamTimeoutError, match="read timed out after 0.2 s"):
+                async for piece in response.chunks():
+                    got.append(piece)
+        finally:
+            await pool.aclose()
+        return got
+
+    assert asyncio.run(run()) == [b"ok"]
+
+
+def test_stream_token_counting_is_not_fooled_by_content_text(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+    start_gateway: Callable[..., Gateway],
+) -> None:
+    events = [
+        b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}',
+        b'{"choices":[{"index":0,"delta":{"content": "a"}}]}',
+        b'{"choices":[{"index":0,"delta":{"content":"say \\"content\\":\\"x\\" now"}}]}',
+        b'{"choices":[{"index":0,"delta":{"content":null},"finish_reason":"stop"}]}',
+        b"[DONE]",
+    ]
+    body = b"".join(b"data: %s\n\n" % event for event in events)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    server = raw_server(lambda i: [head + b"content-length: %d\r\n\r\n" % len(body) + body])
+    gw = start_gateway({"primary": server.url})
+    response = gw.client.post("/v1/chat/completions", json=chat(stream=True))
+    assert response.content == body  # passed through byte for byte
+    labels = {"served_region": "primary", "model": BASE, "model_version": "unknown"}
+    assert gw.value("llm_generated_tokens_total", **labels) == 2
+    assert gw.value("llm_prompt_tokens_total", **labels) == 0
+    assert gw.value("llm_time_to_first_token_seconds_count", **labels) == 1
