@@ -141,7 +141,8 @@ def check_spec(spec: Spec) -> list[Finding]:
     findings.extend(_window_findings(spec.timing, spec))
     for profile, override in spec.profiles.items():
         timing = apply_timing(spec.timing, override.model_dump(exclude_none=True))
-        findings.extend(_window_findings(timing, spec, f"profiles.{profile}"))
+        window = override.latency_window or spec.red_lines.latency_p99.window
+        findings.extend(_window_findings(timing, spec, f"profiles.{profile}", window))
     return findings
 
 
@@ -155,12 +156,15 @@ def _no_bucket(field: str, threshold: float, buckets: set[float]) -> Finding:
     )
 
 
-def _window_findings(timing: Timing, spec: Spec, prefix: str = "timing") -> list[Finding]:
+def _window_findings(
+    timing: Timing, spec: Spec, prefix: str = "timing", latency_window: str | None = None
+) -> list[Finding]:
     findings: list[Finding] = []
     scrape = timing.scrape_interval_seconds
+    latency = latency_window or spec.red_lines.latency_p99.window
     windows = {
         "rollback.window_seconds": float(spec.rollback.window_seconds),
-        "red_lines.latency_p99.window": parse_duration(spec.red_lines.latency_p99.window),
+        "red_lines.latency_p99.window": parse_duration(latency),
     }
     for field, seconds in windows.items():
         if seconds < scrape:
@@ -216,9 +220,15 @@ def apply_profile(spec: Spec, profile: str | None) -> Spec:
         raise SpecError([f"profiles: unknown profile {profile!r}; allowed: {allowed}"])
     changes = spec.profiles[profile].model_dump(exclude_none=True)
     update: dict[str, Any] = {"timing": apply_timing(spec.timing, changes)}
+    red = spec.red_lines
+    window = changes.get("latency_window")
+    if window is not None:
+        red = red.model_copy(
+            update={"latency_p99": red.latency_p99.model_copy(update={"window": window})}
+        )
+        update["red_lines"] = red
     for_seconds = changes.get("red_line_for_seconds")
     if for_seconds is not None:
-        red = spec.red_lines
         update["red_lines"] = red.model_copy(
             update={
                 name: getattr(red, name).model_copy(update={"for_seconds": for_seconds})

@@ -237,6 +237,11 @@ class TimingOverride(_Model):
     red_line_for_seconds: int | None = Field(
         None, ge=0, description="Overrides `for_seconds` of every red line, RPO and the gate."
     )
+    latency_window: Duration | None = Field(
+        None,
+        description="Overrides `red_lines.latency_p99.window` (a short window lets a drill's "
+        "P99 alert resolve in seconds once the slow requests leave it).",
+    )
 
 
 class Receiver(_Model):
