@@ -16,8 +16,12 @@ Routing, per request:
    arrived within `first_byte_budget_seconds`. The budget is not applied to the last region: with
    nowhere left to go, waiting is better than failing. Once the first byte of a streamed (SSE)
    response is forwarded the request is committed to that region.
-3. Stream SSE through as it arrives (never buffered); non-streaming bodies are read whole, which
-   is when their first byte arrives anyway (so for them the budget bounds the whole generation).
+3. Stream SSE through as it arrives (never buffered); non-streaming bodies are read whole. A
+   non-streaming response's first byte comes when its generation is done, so for those the
+   budget bounds the whole generation; `first_byte_budget_streaming_only` exempts them.
+
+Upstream calls go through `redline.exporters.upstream`, a lean asyncio HTTP/1.1 keep-alive
+client (httpx cost about three times the CPU per proxied request; see bench/gateway_overhead.py).
 
 Token counts come from the upstream's `usage`. For a streamed request that did not ask for it the
 gateway adds `stream_options.include_usage` upstream and drops the usage-only chunk before it
@@ -151,7 +155,12 @@ class GatewaySettings(ServiceSettings):
     inject_stream_usage: bool = Field(
         True, description="Ask upstreams for usage in streams, and strip it if not asked for."
     )
-    max_connections: int = Field(512, ge=1, description="Connection pool size per upstream.")
+    max_connections: int = Field(
+        512, ge=1, description="Idle keep-alive connections kept per upstream."
+    )
+    first_byte_budget_streaming_only: bool = Field(
+        False, description="Apply the first-byte budget to streamed requests only."
+    )
     created_series: bool = Field(False, description="Expose the `_created` series.")
 
     @field_validator("upstreams")
@@ -534,6 +543,8 @@ class Gateway:
         for index, region in enumerate(order):
             last = index == len(order) - 1
             budget = None if last else self.settings.first_byte_budget_seconds
+            if self.settings.first_byte_budget_streaming_only and not req.stream:
+                budget = None
             outcome = await self._attempt(req, region, budget)
             if isinstance(outcome, _Committed):
                 self._succeeded(region)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import socketserver
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +20,7 @@ import httpx
 import pytest
 import redis
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
 from redline.exporters.gateway import GatewaySettings, build_gateway_app
 from redline.exporters.upstream import (
@@ -853,3 +856,91 @@ def test_stream_token_counting_is_not_fooled_by_content_text(
     assert gw.value("llm_generated_tokens_total", **labels) == 2
     assert gw.value("llm_prompt_tokens_total", **labels) == 0
     assert gw.value("llm_time_to_first_token_seconds_count", **labels) == 1
+
+
+def test_budget_can_spare_non_streaming_requests(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(
+        upstreams, first_byte_budget_seconds=0.1, first_byte_budget_streaming_only=True
+    )
+    faults(upstreams["primary"], first_byte_delay_seconds=0.25)
+    response = gw.client.post("/v1/chat/completions", json=chat())
+    assert response.headers["x-redline-served-region"] == "primary"
+    response = gw.client.post("/v1/chat/completions", json=chat(stream=True))
+    assert response.headers["x-redline-served-region"] == "secondary"
+
+
+def test_cli_serves_a_simulator_and_a_gateway(redis_url: str, tmp_path: Path) -> None:
+    sim_port, gw_port = free_port(), free_port()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(
+        f"upstreams:\n  primary: http://127.0.0.1:{sim_port}\nfirst-byte-budget-seconds: 0.5\n"
+    )
+    argv = [sys.executable, "-m", "redline.cli"]
+    processes = [
+        subprocess.Popen(
+            [*argv, "simulate", "upstream", "--region", "primary", "--port", str(sim_port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        ),
+        subprocess.Popen(
+            [
+                *argv,
+                "gateway",
+                "--port",
+                str(gw_port),
+                "--redis-url",
+                redis_url,
+                "--config",
+                str(config),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        ),
+    ]
+    try:
+        lines = [process.stdout.readline().decode() for process in processes if process.stdout]
+        assert f"region primary on http://127.0.0.1:{sim_port}" in lines[0]
+        assert f"gateway on http://127.0.0.1:{gw_port}" in lines[1]
+        url = f"http://127.0.0.1:{gw_port}"
+        wait_for(lambda: _up(f"{url}/healthz"), timeout=15)
+        response = httpx.post(f"{url}/v1/chat/completions", json=chat(GOLDEN_SET[0].prompt))
+        assert response.json()["choices"][0]["message"]["content"] == GOLDEN_SET[0].reference
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(10)
+            if process.stdout:
+                process.stdout.close()
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        ([], "upstreams: no upstream configured"),
+        (["--upstream", "primary"], "expected REGION=URL"),
+        (["--upstream", "Primary=http://x"], "must be lowercase"),
+        (["--upstream", "primary=ftp://x"], "is not an http(s) URL"),
+        (["--upstream", "primary=http://x", "--first-byte-budget", "-1"], "greater than 0"),
+    ],
+)
+def test_cli_rejects_bad_gateway_settings(
+    args: list[str], fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("REDLINE_"):
+            monkeypatch.delenv(name)
+    from redline.cli import app  # the whole CLI imports every package: only here
+
+    result = CliRunner().invoke(app, ["gateway", *args])
+    assert result.exit_code == 2, result.output
+    assert fragment in result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit)
