@@ -102,6 +102,7 @@ _HOP_BY_HOP = frozenset(
         "trailer",
         "transfer-encoding",
         "upgrade",
+        "expect",
         "host",
         "content-length",
         "accept-encoding",

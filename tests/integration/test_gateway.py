@@ -35,6 +35,7 @@ from redline.platform.routing import RoutingStore
 from redline.platform.simulator import (
     ServerThread,
     SimulatorSettings,
+    build_answer,
     build_simulator_app,
     serve_in_thread,
 )
@@ -944,3 +945,42 @@ def test_cli_rejects_bad_gateway_settings(
     assert result.exit_code == 2, result.output
     assert fragment in result.stderr
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_concurrent_requests_share_the_pool_correctly(
+    upstreams: dict[str, str], start_gateway: Callable[..., Gateway]
+) -> None:
+    gw = start_gateway(upstreams)
+    jitter = {"base_seconds": 0.02, "jitter": "uniform", "jitter_seconds": 0.05}
+    faults(upstreams["primary"], latency=jitter)
+
+    async def one(client: httpx.AsyncClient, index: int) -> tuple[str, str, int]:
+        stream = index % 2 == 0
+        prompt, max_tokens = f"request number {index}", 1 + index % 7
+        body = chat(prompt, max_tokens=max_tokens, stream=stream)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        if stream:
+            events = sse_events(response.content)
+            usage = events[-2]["usage"]
+            text = "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-2])
+        else:
+            usage = response.json()["usage"]
+            text = response.json()["choices"][0]["message"]["content"]
+        expected = " ".join(build_answer(prompt, BASE, max_tokens, wrong=False)[0])
+        return text, expected, usage["prompt_tokens"] + usage["completion_tokens"]
+
+    async def run() -> list[tuple[str, str, int]]:
+        async with httpx.AsyncClient(base_url=gw.server.url, timeout=10) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(60)))
+
+    results = asyncio.run(run())
+    assert all(text == expected for text, expected, _ in results)  # nothing cross-wired
+    labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
+    counted = gw.value("llm_prompt_tokens_total", **labels) + gw.value(
+        "llm_generated_tokens_total", **labels
+    )
+    assert counted == sum(tokens for _, _, tokens in results)
+    assert gw.total("llm_requests_total", status="200") == 60
