@@ -34,7 +34,9 @@ that answered, `rerouted` whether more than one region was tried, `model` the re
 (bounded: past `max_model_labels` distinct names it is "other"), `model_version` the upstream's
 `x-redline-model-version` header ("unknown" without one), `status` the HTTP status sent to the
 client — except that a stream the upstream cut is recorded as 502 and one the client abandoned as
-499. Errors are statuses >= 500. No `_created` series are exposed (unless `created_series`).
+499. Errors are statuses >= 500. Requests the gateway rejects itself (malformed JSON, body too
+large) are recorded with `region` and `served_region` "none". No `_created` series are exposed
+(unless `created_series`).
 """
 
 from __future__ import annotations
