@@ -1,10 +1,11 @@
 """Where registries come from: the built-in factory and loading a factory by `module:function`.
 
-`build_registry(settings)` is the default factory: it registers the built-in playbooks (the
-concrete `semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay` and
-`reroute` classes are registered here as they land, constructed from
-`settings.playbook_options[name]`). A deployment or a test names another factory with the
-`playbooks` setting (`--playbooks`, `REDLINE_PLAYBOOKS`).
+`build_registry(settings)` is the default factory: it registers the built-in playbooks
+(`semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay`, `reroute`),
+constructed from the settings sections `serving`, `rollback`, `vector_index` and `reroute`. A
+playbook whose section is not configured is still registered; its jobs fail with a message naming
+the setting to set. A deployment or a test names another factory with the `playbooks` setting
+(`--playbooks`, `REDLINE_PLAYBOOKS`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,32 @@ from collections.abc import Callable
 from typing import cast
 
 from redline.remediation.playbook import PlaybookRegistry, RegistryError
+from redline.remediation.playbooks import (
+    DeltaLogReplay,
+    FreezeAndReplay,
+    FreezeWrites,
+    Reroute,
+    SemanticRollback,
+)
 from redline.remediation.settings import RemediationSettings
 
 RegistryFactory = Callable[[RemediationSettings], PlaybookRegistry]
 
 
 def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
-    """The built-in playbooks (none registered yet: the concrete classes are added here)."""
-    return PlaybookRegistry()
+    """The built-in playbooks, wired to their dependencies from `settings`."""
+    state = f"{settings.key_prefix}:playbook"
+    retention = settings.retention_seconds
+    index = settings.vector_index
+    return PlaybookRegistry(
+        [
+            SemanticRollback(settings.rollback, settings.serving, state, retention),
+            FreezeWrites(index, settings.redis_url, state, retention),
+            DeltaLogReplay(index, settings.redis_url, state, retention),
+            FreezeAndReplay(index, settings.redis_url, state, retention),
+            Reroute(settings.reroute, settings.serving, settings.redis_url),
+        ]
+    )
 
 
 def load_registry(reference: str, settings: RemediationSettings) -> PlaybookRegistry:

@@ -2,15 +2,155 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
 from redline.settings import ServiceSettings, SettingsError, read_secret
 
 DEFAULT_PORT = 9095
 DEFAULT_REGISTRY = "redline.remediation.catalog:build_registry"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dependencies of the built-in playbooks (remediation/playbooks/), read by
+# `catalog.build_registry`. Every section may stay unset: a playbook whose dependencies are not
+# configured is still registered, and its jobs fail with a message naming the setting to set.
+
+_REGION = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def _check_url(value: str, where: str) -> str:
+    try:
+        parsed = urlsplit(value)
+        valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+        valid = valid and (parsed.port or 1) > 0
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(f"{where}: {value!r} is not an http(s) URL")
+    return value.rstrip("/")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServingSettings(_Section):
+    """The serving layer the rollback and reroute playbooks talk to (over HTTP only)."""
+
+    gateway_url: str | None = Field(
+        None, description="Gateway base URL: golden set after a rollback, reroute verification."
+    )
+    upstreams: dict[str, str] = Field(
+        default_factory=dict,
+        description="Regional vLLM-compatible upstreams in failover order: region -> base URL.",
+    )
+    probe_model: str | None = Field(
+        None, description="Model of dry-run probes (None: the first of the upstream's /v1/models)."
+    )
+    timeout_seconds: float = Field(10.0, gt=0, description="Timeout of each HTTP call.")
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _gateway(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "gateway_url")
+
+    @field_validator("upstreams")
+    @classmethod
+    def _upstreams(cls, value: dict[str, str]) -> dict[str, str]:
+        for region in value:
+            if not _REGION.match(region):
+                raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
+        return {region: _check_url(url, f"upstream {region}") for region, url in value.items()}
+
+
+class RollbackSettings(_Section):
+    """`semantic_rollback`: where snapshots live, how to tell the serving layer, the gates."""
+
+    snapshot_root: Path | None = Field(None, description="Root of the snapshot registry.")
+    hook_url: str | None = Field(
+        None,
+        description="POSTed the restored snapshot instead of calling the upstreams' LoRA API.",
+    )
+    hook_token_file: Path | None = Field(None, description="Bearer token file for the hook.")
+    accuracy_tolerance: float = Field(
+        0.008,
+        ge=0,
+        le=1,
+        description="Golden accuracy may be this far below the snapshot's baseline (spec: 0.8 pp).",
+    )
+    similarity_threshold: float = Field(
+        0.97, gt=0, le=1, description="Least mean answer-embedding similarity to the references."
+    )
+    max_candidates: int = Field(3, ge=1, description="Older verified snapshots tried at most.")
+    golden_max_tokens: int = Field(32, ge=1, description="max_tokens of each golden request.")
+
+    @field_validator("hook_url")
+    @classmethod
+    def _hook(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "hook_url")
+
+
+class IndexCollectionSettings(_Section):
+    """One logical collection: its dimension and where its primary and replica live."""
+
+    dim: int = Field(gt=0, description="Vector dimension.")
+    primary_uri: str = Field(description="Milvus URI of the primary.")
+    primary_collection: str | None = Field(None, description="Primary collection (= name).")
+    primary_name: str = Field("primary", description="Name of the primary (keys, labels).")
+    replica_uri: str = Field(description="Milvus URI of the replica.")
+    replica_collection: str | None = Field(None, description="Replica collection (= name).")
+    replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
+    metric_type: str = Field("COSINE", description="Metric of the vector index.")
+
+
+class VectorIndexSettings(_Section):
+    """`freeze_writes`, `delta_log_replay`, `freeze_and_replay`: the delta log and its targets."""
+
+    redis_url: str | None = Field(
+        None, description="Redis holding the delta log (None: the receiver's redis_url)."
+    )
+    collections: dict[str, IndexCollectionSettings] = Field(
+        default_factory=dict, description="Logical collection (the alert's label) -> targets."
+    )
+    milvus_token_file: Path | None = Field(None, description="File holding the Milvus token.")
+    milvus_timeout_seconds: float = Field(10.0, gt=0, description="Timeout of Milvus calls.")
+    batch_size: int = Field(1000, ge=1, description="Delta-log entries applied per batch.")
+    lease_ttl_seconds: float = Field(15.0, gt=0, description="Applier lease on a target.")
+    lease_wait_seconds: float = Field(
+        60.0, gt=0, description="Longest wait for another applier to release a target."
+    )
+    max_rows_per_second: float | None = Field(
+        None, gt=0, description="Throttle of the replay (None: as fast as Milvus takes it)."
+    )
+    compact: bool = Field(True, description="Compact the replica after the replay.")
+
+
+class RerouteSettings(_Section):
+    """`reroute`: the routing store the gateway reads, verification and hold-down timings."""
+
+    redis_url: str | None = Field(
+        None, description="Redis of the routing store (None: the receiver's redis_url)."
+    )
+    key_prefix: str = Field(ROUTING_PREFIX, min_length=1, description="Routing store key prefix.")
+    hold_down_seconds: float = Field(
+        300.0, ge=0, description="Wait after the alert resolved before restoring the routing."
+    )
+    healthy_checks: int = Field(
+        3, ge=1, description="Consecutive healthy probes the region needs before it is restored."
+    )
+    verify_timeout_seconds: float = Field(
+        10.0, gt=0, description="Longest wait for the gateway to serve from the new region."
+    )
+    poll_seconds: float = Field(0.25, gt=0, description="Interval of probes and re-checks.")
+    override_ttl_seconds: float | None = Field(
+        None, gt=0, description="The override lapses by itself after this (None: until cleared)."
+    )
 
 
 class RemediationSettings(ServiceSettings):
@@ -52,6 +192,21 @@ class RemediationSettings(ServiceSettings):
     )
     poll_seconds: float = Field(
         1.0, gt=0, description="Longest a worker blocks waiting for a job (also its reclaim tick)."
+    )
+
+    # ---- dependencies of the built-in playbooks (sections defined above) --------------------
+    serving: ServingSettings = Field(
+        default_factory=ServingSettings, description="Gateway and upstreams (rollback, reroute)."
+    )
+    rollback: RollbackSettings = Field(
+        default_factory=RollbackSettings, description="semantic_rollback settings."
+    )
+    vector_index: VectorIndexSettings = Field(
+        default_factory=VectorIndexSettings,
+        description="freeze_writes / delta_log_replay / freeze_and_replay settings.",
+    )
+    reroute: RerouteSettings = Field(
+        default_factory=RerouteSettings, description="reroute settings."
     )
 
     def resolve_token(self) -> SecretStr:

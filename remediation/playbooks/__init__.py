@@ -1,0 +1,18 @@
+"""The built-in playbooks; `redline.remediation.catalog.build_registry` registers them.
+
+| playbook | target label | module |
+|---|---|---|
+| `semantic_rollback` | `model` | `rollback` |
+| `freeze_writes`, `delta_log_replay`, `freeze_and_replay` | `collection` | `index` |
+| `reroute` | `region` | `reroute` |
+
+Each takes its dependencies from a section of `RemediationSettings` (`serving`, `rollback`,
+`vector_index`, `reroute`) and talks to the platform through `redline.platform` adapters or
+over HTTP (`serving`), never through `redline.exporters`.
+"""
+
+from redline.remediation.playbooks.index import DeltaLogReplay, FreezeAndReplay, FreezeWrites
+from redline.remediation.playbooks.reroute import Reroute
+from redline.remediation.playbooks.rollback import SemanticRollback
+
+__all__ = ["DeltaLogReplay", "FreezeAndReplay", "FreezeWrites", "Reroute", "SemanticRollback"]
