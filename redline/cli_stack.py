@@ -1,0 +1,230 @@
+"""`redline up`, `down`, `status`, `drill` and the load generator: the local stack from the CLI.
+
+Thin: parses options, calls `redline.stack`, prints. Exit codes: 0 ok; 1 a part or drill
+failed; 2 bad input (spec, options); 3 a binary is missing; 4 the run directory is busy (a stack
+already runs there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from redline.settings import SettingsError, load_settings
+from redline.stack.config import ADAPTER_VERSIONS
+from redline.stack.health import check_stack
+from redline.stack.loadgen import LoadGenerator, LoadgenSettings, write_reference
+from redline.stack.models import (
+    BaselineError,
+    create_snapshots,
+    describe,
+    record_baselines,
+    write_adapters,
+)
+from redline.stack.runtime import (
+    BinaryMissingError,
+    PortInUseError,
+    Say,
+    StackError,
+    StackRunningError,
+    StackState,
+    UpOptions,
+    describe_urls,
+    load_running,
+    start_stack,
+    state_json,
+    stop_stack,
+)
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+DEFAULT_RUN_DIR = Path(".redline/run")
+RunDirOpt = Annotated[
+    Path, typer.Option("--run-dir", help="Run directory (logs, config, data, state).")
+]
+SpecOpt = Annotated[
+    Path | None, typer.Option("--spec", help="Spec YAML file; the embedded default when omitted.")
+]
+
+
+def _say(line: str) -> None:
+    err.print(line, markup=False)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    for line in str(exc).splitlines():
+        err.print(line, markup=False)
+    if isinstance(exc, BinaryMissingError):
+        return typer.Exit(3)
+    if isinstance(exc, StackRunningError):
+        return typer.Exit(4)
+    if isinstance(exc, PortInUseError):
+        return typer.Exit(2)
+    return typer.Exit(1)
+
+
+def parse_ports(values: list[str] | None) -> dict[str, int]:
+    """`PART=PORT` options as a mapping; typer.BadParameter on a malformed one."""
+    ports: dict[str, int] = {}
+    for value in values or []:
+        part, sep, port = value.partition("=")
+        if not sep or not part or not port.isdigit() or not 0 < int(port) < 65536:
+            raise typer.BadParameter(
+                f"{value!r}: expected PART=PORT (1-65535)", param_hint="--port"
+            )
+        ports[part] = int(port)
+    return ports
+
+
+def _setup_models(state: StackState, say: Say) -> None:
+    layout = state.layout()
+    write_adapters(layout)
+    snapshots = create_snapshots(layout)
+    write_reference(layout.drift_reference, count=4000, seed=state.seed + 1000)
+    say(
+        f"snapshots: {', '.join(f'{s.version}={s.snapshot_id}' for s in snapshots)} "
+        f"(active {ADAPTER_VERSIONS[0]}); drift reference {layout.drift_reference.name}"
+    )
+
+
+def bring_up(options: UpOptions) -> StackState:
+    """Start the stack, measuring the adapter versions' baselines before the load starts."""
+
+    def setup(state: StackState, say: Say) -> None:
+        _setup_models(state, say)
+
+    def baselines(state: StackState, say: Say) -> None:
+        endpoints = state.endpoints()
+        spec = state.load_spec()
+        say("measuring each adapter version's baselines through the gateway")
+        try:
+            measurements = record_baselines(
+                state.layout(),
+                endpoints.gateway_url,
+                list(endpoints.upstreams.values()),
+                spec.sources.histogram_buckets,
+                options.baseline_requests,
+            )
+        except BaselineError as exc:
+            raise StackError(f"baselines: {exc}") from None
+        for measurement in measurements:
+            say(describe(measurement))
+
+    return start_stack(options, _say, setup, baselines)
+
+
+def print_urls(state: StackState) -> None:
+    """The table of where everything is."""
+    table = Table(title=f"redline local stack ({state.run_dir})", show_lines=False)
+    table.add_column("part")
+    table.add_column("where")
+    for what, where in describe_urls(state):
+        table.add_row(what, where)
+    out.print(table)
+
+
+def up(
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    spec: SpecOpt = None,
+    port: Annotated[
+        list[str] | None,
+        typer.Option("--port", help="PART=PORT to pin a part's port (repeatable)."),
+    ] = None,
+    rate: Annotated[
+        float, typer.Option("--rate", min=1.0, help="Load generator requests per second.")
+    ] = 30.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
+) -> None:
+    """Start the local stack (every part detached) and print where everything is."""
+    options = UpOptions(run_dir, spec, parse_ports(port), rate, seed)
+    try:
+        state = bring_up(options)
+    except StackError as exc:
+        raise _fail(exc) from None
+    print_urls(state)
+    out.print(f"stop it with: redline down --run-dir {run_dir}", markup=False)
+
+
+def down(run_dir: RunDirOpt = DEFAULT_RUN_DIR) -> None:
+    """Stop every process `redline up` started from this run directory (by pid)."""
+    try:
+        outcomes = stop_stack(run_dir, _say)
+    except StackError as exc:
+        raise _fail(exc) from None
+    stopped = sum(1 for o in outcomes.values() if o != "not running")
+    out.print(f"stopped {stopped} of {len(outcomes)} parts", markup=False)
+
+
+def status(
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the state file as JSON.")] = False,
+) -> None:
+    """Each part's process and health; exit 1 when one is down or unhealthy."""
+    try:
+        state = load_running(run_dir)
+    except StackError as exc:
+        raise _fail(exc) from None
+    if as_json:
+        out.print(state_json(state), markup=False)
+        return
+    health = check_stack(state)
+    table = Table(title=f"redline stack in {state.run_dir}")
+    for column in ("part", "pid", "state", "health", "detail"):
+        table.add_column(column)
+    for item in health:
+        table.add_row(
+            item.name,
+            str(item.pid),
+            "running" if item.alive else "[red]stopped[/red]",
+            "[green]ok[/green]" if item.healthy else "[red]unhealthy[/red]",
+            item.detail,
+        )
+    out.print(table)
+    if not all(item.healthy for item in health):
+        raise typer.Exit(1)
+
+
+def loadgen(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Load generator settings YAML.")
+    ] = None,
+    gateway_url: Annotated[
+        str | None, typer.Option("--gateway-url", help="The gateway's base URL.")
+    ] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Requests per second.")] = None,
+) -> None:
+    """Send realistic chat traffic through the gateway until SIGTERM/Ctrl-C."""
+    try:
+        settings = load_settings(LoadgenSettings, config, gateway_url=gateway_url, rate=rate)
+    except SettingsError as exc:
+        raise _fail(exc) from None
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await LoadGenerator(settings).run(stop)
+
+    asyncio.run(main())
+
+
+def register(app: typer.Typer) -> None:
+    """Add `up`, `down`, `status`, `drill` and the hidden `loadgen` to the main CLI."""
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+    app.command("loadgen", hidden=True)(loadgen)
