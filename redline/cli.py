@@ -180,6 +180,11 @@ from redline.cli_remediation import register as register_remediation  # noqa: E4
 register_remediation(app)
 
 
+from redline.cli_stack import register as register_stack  # noqa: E402
+
+register_stack(app)
+
+
 @app.command()
 def demo(
     spec: SpecOpt = None,
