@@ -7,6 +7,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from redline.dashboards.render import build_dashboard_outputs
 from redline.rules.alertmanager import build_alertmanager_config, build_prometheus_rule
 from redline.rules.build import build_rule_groups
 from redline.rules.promtool_tests import build_rule_tests
@@ -28,6 +29,7 @@ def build_outputs(spec: Spec, source: str) -> dict[Path, str]:
         RULES_DIR / TEST_FILE: render_yaml(build_rule_tests(spec, groups, [RULE_FILE]), source),
         RULES_DIR / ALERTMANAGER_FILE: render_yaml(build_alertmanager_config(spec, groups), source),
         RULES_DIR / PROMETHEUS_RULE_FILE: render_yaml(build_prometheus_rule(spec, groups), source),
+        **build_dashboard_outputs(spec, source),
     }
 
 

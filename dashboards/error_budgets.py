@@ -1,0 +1,135 @@
+"""The *Error budgets* dashboard: per SLO remaining budget, burn rates per window pair, and the
+time left until the budget is gone."""
+
+from __future__ import annotations
+
+from grafanalib.core import Dashboard
+
+from redline.dashboards.panels import (
+    DashboardDef,
+    PanelDef,
+    Query,
+    Section,
+    Step,
+    alert_runbook,
+    alerts_annotation,
+    assemble,
+    bad_above,
+    bad_below,
+    remediation_annotation,
+)
+from redline.rules.build import BURN_WINDOWS, burn_factor, error_ratio_record
+from redline.rules.model import format_duration, number, selector
+from redline.slo.spec import Slo, Spec, parse_duration
+
+SLUG = "error-budgets"
+REMAINING = "redline:slo_error_budget:remaining_ratio"
+BURN_UNIT = "suffix:×"
+
+
+def exhaustion_window_seconds() -> int:
+    """The window whose burn rate projects the exhaustion time: the fastest page's long one."""
+    return min(w.long_seconds for w in BURN_WINDOWS if w.severity == "page")
+
+
+def burn_rate_expr(slo: Slo, window_seconds: int) -> str:
+    """The burn rate of `slo` over a window: its error ratio over the budget (1 = sustainable)."""
+    budget = number(1 - slo.objective)
+    sel = selector({"slo": slo.name})
+    return f"{error_ratio_record(format_duration(window_seconds))}{sel} / {budget}"
+
+
+def exhaustion_expr(slo: Slo) -> str:
+    """Seconds until the remaining budget is gone at the current burn rate (+Inf: not burning)."""
+    period = number(parse_duration(slo.period))
+    sel = selector({"slo": slo.name})
+    burn = burn_rate_expr(slo, exhaustion_window_seconds())
+    return f"clamp_min({REMAINING}{sel}, 0) * {period}\n/ on (slo)\n({burn})"
+
+
+def _slo_section(spec: Spec, slo: Slo) -> Section:
+    book = alert_runbook(spec, slo.burn_alert_name)
+    period = parse_duration(slo.period)
+    fastest = max(burn_factor(w, period) for w in BURN_WINDOWS if w.severity == "page")
+    objective = f"{number(slo.objective * 100)} % over {slo.period}"
+    remaining = Query(f"{REMAINING}{selector({'slo': slo.name})}", "remaining")
+    exhaustion = Query(exhaustion_expr(slo), "at the current burn rate")
+    # Red: gone sooner than the fastest page burn empties a full budget; orange: within a period.
+    exhaustion_steps = (Step("red", None), Step("orange", period / fastest), Step("green", period))
+    panels = [
+        PanelDef(
+            "stat",
+            f"{slo.name}: budget left ({objective})",
+            (remaining,),
+            book,
+            "percentunit",
+            bad_below(0),
+        ),  # fmt: skip
+        PanelDef(
+            "stat",
+            f"{slo.name}: time to exhaustion "
+            f"(at the {format_duration(exhaustion_window_seconds())} burn rate)",
+            (exhaustion,),
+            book,
+            "s",
+            exhaustion_steps,
+        ),
+        PanelDef(
+            "timeseries",
+            f"{slo.name}: budget left",
+            (remaining,),
+            book,
+            "percentunit",
+            bad_below(0),
+            width=12,
+        ),  # fmt: skip
+    ]
+    for window in BURN_WINDOWS:
+        factor = burn_factor(window, period)
+        long_w, short_w = (
+            format_duration(window.long_seconds),
+            format_duration(window.short_seconds),
+        )
+        panels.append(
+            PanelDef(
+                "timeseries",
+                f"{slo.name}: burn rate {long_w}/{short_w} ({window.severity} at "
+                f"{number(round(factor, 2))}×)",
+                (
+                    Query(burn_rate_expr(slo, window.long_seconds), long_w),
+                    Query(burn_rate_expr(slo, window.short_seconds), short_w),
+                ),
+                book,
+                BURN_UNIT,
+                bad_above(factor),
+                description=(
+                    f"Pages or tickets when both windows burn faster than {number(factor)}× "
+                    f"(the {slo.period} budget would be gone in "
+                    f"{format_duration(int(period / factor))})."
+                ),
+            )
+        )
+    return Section(f"SLO {slo.name} ({objective})", tuple(panels))
+
+
+def build_error_budgets_definition(spec: Spec) -> DashboardDef:
+    """The error-budget dashboard as data."""
+    return DashboardDef(
+        slug=SLUG,
+        title="Error budgets",
+        description=(
+            "Per SLO of the spec: the budget left over its period, the burn rate in each "
+            "multiwindow pair of the burn-rate alerts, and the time until the budget is gone."
+        ),
+        sections=tuple(_slo_section(spec, slo) for slo in spec.slos),
+        annotations=(
+            alerts_annotation("Burn-rate alerts", 'slo!=""', "orange"),
+            remediation_annotation(),
+        ),
+        variables=(),
+    )
+
+
+def build_error_budgets_dashboard(spec: Spec) -> Dashboard:
+    """The error-budget dashboard."""
+    return assemble(spec, build_error_budgets_definition(spec))

@@ -1,0 +1,209 @@
+"""The *Model and drift* dashboard: active versions, the two-signal rollback gate drawn against
+each version's baseline, embedding drift, token throughput and time to first token."""
+
+from __future__ import annotations
+
+from grafanalib.core import Dashboard
+
+from redline.dashboards.panels import (
+    NO_THRESHOLD,
+    AnnotationDef,
+    DashboardDef,
+    PanelDef,
+    Query,
+    Section,
+    alert_runbook,
+    alerts_annotation,
+    assemble,
+    bad_above,
+    bad_below,
+    model_matcher,
+    region_matcher,
+)
+from redline.rules.build import rollback_gate_expr, rollback_records, rollback_window
+from redline.rules.model import number
+from redline.slo.spec import Spec
+
+SLUG = "model-drift"
+TOKENS_UNIT = "suffix: tok/s"
+THRESHOLD_UNIT = "suffix:× threshold"
+
+
+def active_versions_expr() -> str:
+    """One series per model and the version it serves (value 1)."""
+    return f"max by (model, version) (model_active_info{{{model_matcher()}}})"
+
+
+def version_switch_annotation() -> AnnotationDef:
+    """A mark where a model starts serving a version it did not serve one interval earlier."""
+    active = active_versions_expr()
+    offset = active.replace("}", "} offset $__interval", 1)
+    return AnnotationDef(
+        name="Version switches",
+        expr=f"{active}\nunless\n{offset}",
+        title="{{model}} now serves {{version}}",
+        text="{{model}} switched to version {{version}}",
+        tags="model,version",
+        color="blue",
+    )
+
+
+def _versions(spec: Spec) -> Section:
+    gate = spec.rollback
+    book = alert_runbook(spec, "SemanticRollbackTwoSignal")
+    records = rollback_records(spec)
+    window = rollback_window(spec)
+    by = "max by (model, model_version)"
+    ratio = number(1 + gate.p99_increase_ratio)
+    drop = number(gate.accuracy_drop)
+    active = Query(active_versions_expr(), "{{model}}: {{version}}")
+    p99 = (
+        Query(f"{records['p99']}{{{model_matcher()}}}", "P99 {{model}} {{model_version}}"),
+        Query(
+            f"{by} (model_baseline_p99_seconds{{{model_matcher()}}})",
+            "baseline {{model_version}}",
+        ),
+        Query(
+            f"{ratio} * {by} (model_baseline_p99_seconds{{{model_matcher()}}})",
+            f"gate: {ratio} × baseline {{{{model_version}}}}",
+        ),
+    )
+    accuracy = (
+        Query(
+            f"{records['accuracy']}{{{model_matcher()}}}", "accuracy {{model}} {{model_version}}"
+        ),
+        Query(
+            f"{by} (model_baseline_accuracy_ratio{{{model_matcher()}}})",
+            "baseline {{model_version}}",
+        ),
+        Query(
+            f"{by} (model_baseline_accuracy_ratio{{{model_matcher()}}}) - {drop}",
+            f"gate: baseline − {number(gate.accuracy_drop * 100)} pts {{{{model_version}}}}",
+        ),
+    )
+    requests = Query(f"{records['requests']}{{{model_matcher()}}}", "{{model}} {{model_version}}")
+    holding = Query(f"count(\n{rollback_gate_expr(spec)}\n)\nor vector(0)", "versions")
+    return Section(
+        "Model versions and the two-signal rollback gate",
+        (
+            PanelDef("stat", "Active version", (active,), book, stat_text="name", width=6),
+            PanelDef("state", "Active version over time", (active,), book, width=12),
+            PanelDef(
+                "stat",
+                "Versions the gate fires on",
+                (holding,),
+                book,
+                "short",
+                bad_above(1),
+                width=6,
+            ),  # fmt: skip
+            PanelDef(
+                "timeseries",
+                f"P99 over {window} vs baseline (gate +{number(gate.p99_increase_ratio * 100)} %)",
+                p99,
+                book,
+                "s",
+                width=9,
+            ),  # fmt: skip
+            PanelDef(
+                "timeseries",
+                f"Accuracy over {window} vs baseline (gate −"
+                f"{number(gate.accuracy_drop * 100)} pts)",
+                accuracy,
+                book,
+                "percentunit",
+                width=9,
+            ),  # fmt: skip
+            PanelDef(
+                "timeseries",
+                f"Requests in {window} (gate needs {gate.min_samples})",
+                (requests,),
+                book,
+                "short",
+                bad_below(gate.min_samples),
+                width=6,
+            ),  # fmt: skip
+        ),
+    )
+
+
+def _drift(spec: Spec) -> Section:
+    book = alert_runbook(spec, "EmbeddingDrift")
+    by = "max by (collection, method)"
+    score = Query(f"{by} (embedding_drift_score)", "{{collection}} {{method}}")
+    threshold = Query(f"{by} (embedding_drift_threshold)", "threshold {{collection}}")
+    relative = Query(
+        "max by (collection) (embedding_drift_score / on (collection, method) "
+        "embedding_drift_threshold)",
+        "{{collection}}",
+    )
+    samples = Query("max by (collection) (embedding_drift_window_samples)", "{{collection}}")
+    return Section(
+        f"Embedding drift ({spec.drift.method}, window {spec.drift.window})",
+        (
+            PanelDef(
+                "stat", "Drift score / threshold", (relative,), book, THRESHOLD_UNIT, bad_above(1)
+            ),  # fmt: skip
+            PanelDef("timeseries", "Drift score vs threshold", (score, threshold), book, width=12),
+            PanelDef(
+                "stat", "Vectors in the latest window", (samples,), book, "short", NO_THRESHOLD
+            ),  # fmt: skip
+        ),
+    )
+
+
+def _serving(spec: Spec) -> Section:
+    book = alert_runbook(spec, "RedLineLatencyP99")
+    labels = f"{model_matcher()},{region_matcher('served_region')}"
+    tokens = tuple(
+        Query(
+            f"sum by (served_region, model) (rate(llm_{kind}_tokens_total{{{labels}}}"
+            "[$__rate_interval]))",
+            f"{kind} {{{{served_region}}}} {{{{model}}}}",
+        )
+        for kind in ("generated", "prompt")
+    )
+    quantiles = sorted({0.5, spec.red_lines.latency_p99.quantile})
+    ttft = tuple(
+        Query(
+            f"histogram_quantile({number(q)}, sum by (le, served_region) "
+            f"(rate(llm_time_to_first_token_seconds_bucket{{{labels}}}[$__rate_interval])))",
+            f"P{number(q * 100)} {{{{served_region}}}}",
+        )
+        for q in quantiles
+    )
+    return Section(
+        "Serving",
+        (
+            PanelDef("timeseries", "Tokens per second", tokens, book, TOKENS_UNIT, width=12),
+            PanelDef("timeseries", "Time to first token", ttft, book, "s", width=12),
+        ),
+    )
+
+
+def build_model_drift_definition(spec: Spec) -> DashboardDef:
+    """The model-and-drift dashboard as data."""
+    return DashboardDef(
+        slug=SLUG,
+        title="Model and drift",
+        description=(
+            "Which version each model serves, its P99 and accuracy against the version's "
+            "verified baseline with the two-signal rollback gate drawn, embedding drift, tokens "
+            "per second and time to first token."
+        ),
+        sections=(_versions(spec), _drift(spec), _serving(spec)),
+        annotations=(
+            version_switch_annotation(),
+            alerts_annotation(
+                "Rollback and drift alerts",
+                'alertname=~"SemanticRollbackTwoSignal|EmbeddingDrift"',
+                "red",
+            ),
+        ),
+        variables=("region", "model"),
+    )
+
+
+def build_model_drift_dashboard(spec: Spec) -> Dashboard:
+    """The model-and-drift dashboard."""
+    return assemble(spec, build_model_drift_definition(spec))

@@ -1,0 +1,160 @@
+"""The *Red lines* dashboard: the three SLA red lines, each as a stat and its time series."""
+
+from __future__ import annotations
+
+from grafanalib.core import Dashboard
+
+from redline.dashboards.panels import (
+    ANY_EVENT,
+    AnnotationDef,
+    DashboardDef,
+    PanelDef,
+    Query,
+    Section,
+    alert_runbook,
+    alerts_annotation,
+    assemble,
+    bad_above,
+    bad_below,
+    region_matcher,
+    remediation_annotation,
+)
+from redline.rules.build import p99_record
+from redline.rules.model import number
+from redline.slo.spec import Spec
+
+SLUG = "red-lines"
+OK_FAILED = (
+    {
+        "type": "value",
+        "options": {
+            "0": {"text": "failed", "color": "red", "index": 0},
+            "1": {"text": "ok", "color": "green", "index": 1},
+        },
+    },
+)
+
+
+def red_line_annotations() -> tuple[AnnotationDef, ...]:
+    """Critical alerts and remediation runs, drawn on every red-line graph."""
+    return (
+        alerts_annotation("Critical alerts", 'severity="critical"', "red"),
+        remediation_annotation(),
+    )
+
+
+def _latency(spec: Spec) -> Section:
+    red = spec.red_lines.latency_p99
+    limit = red.threshold_seconds
+    book = alert_runbook(spec, "RedLineLatencyP99")
+    quantile = f"P{number(red.quantile * 100)}"
+    reroute = " incl. reroute" if red.includes_reroute else ""
+    p99 = Query(f"max by (region) ({p99_record(spec)}{{{region_matcher()}}})", "{{region}}")
+    total = f"sum by (region) (rate({spec.sources.requests_total}{{{region_matcher()}}}"
+    share = Query(
+        f'sum by (region) (rate({spec.sources.requests_total}{{{region_matcher()},rerouted="true"}}'
+        f"[$__rate_interval]))\n/\n{total}[$__rate_interval]))",
+        "{{region}}",
+    )
+    probes = Query(
+        f"min by (region, probe) (llm_probe_success{{{region_matcher()}}})", "{{region}} {{probe}}"
+    )
+    title = f"{quantile}{reroute} (red line {number(limit)} s)"
+    return Section(
+        f"Latency {quantile}{reroute}",
+        (
+            PanelDef("stat", title, (p99,), book, "s", bad_above(limit), width=6),
+            PanelDef("timeseries", f"{title} by region", (p99,), book, "s", bad_above(limit), 18),
+            PanelDef("stat", "Reroute share", (share,), book, "percentunit", width=6),
+            PanelDef(
+                "timeseries",
+                "Reroute share by origin region",
+                (share,),
+                book,
+                "percentunit",
+                width=12,
+            ),  # fmt: skip
+            PanelDef("state", "Endpoint probes", (probes,), book, mappings=OK_FAILED, width=6),
+        ),
+    )
+
+
+def _keepalive(spec: Spec) -> Section:
+    keep = spec.red_lines.context_keepalive
+    book = alert_runbook(spec, "RedLineContextKeepalive")
+    ttl = Query("min(session_context_ttl_seconds)", "effective TTL")
+    canary = Query("min(session_keepalive_probe_success)", "canary sessions")
+    evicted = Query("sum(increase(session_context_evicted_total[$__range]))", "evicted early")
+    title = f"Context keep-alive (min {number(keep.min_seconds)} s)"
+    return Section(
+        "Context keep-alive",
+        (
+            PanelDef("stat", title, (ttl,), book, "s", bad_below(keep.min_seconds)),
+            PanelDef(
+                "timeseries",
+                f"{title}: effective TTL",
+                (ttl,),
+                book,
+                "s",
+                bad_below(keep.min_seconds),
+                width=10,
+            ),  # fmt: skip
+            PanelDef("stat", "Keep-alive canary", (canary,), book, mappings=OK_FAILED, width=4),
+            PanelDef(
+                "stat",
+                "Sessions evicted before the minimum (range)",
+                (evicted,),
+                book,
+                "short",
+                bad_above(ANY_EVENT),
+                width=4,
+            ),  # fmt: skip
+        ),
+    )
+
+
+def _index(spec: Spec) -> Section:
+    idx = spec.red_lines.index_consistency
+    limit = idx.max_staleness_seconds
+    book = alert_runbook(spec, "RedLineIndexStaleness")
+    worst = Query("max(vectordb_index_staleness_seconds)", "worst replica")
+    by_replica = Query(
+        "max by (collection, replica) (vectordb_index_staleness_seconds)",
+        "{{collection}} on {{replica}}",
+    )
+    title = f"Index staleness (window {number(limit)} s)"
+    return Section(
+        "Vector index consistency",
+        (
+            PanelDef("stat", title, (worst,), book, "s", bad_above(limit)),
+            PanelDef(
+                "timeseries",
+                f"{title} by replica",
+                (by_replica,),
+                book,
+                "s",
+                bad_above(limit),
+                width=18,
+            ),  # fmt: skip
+        ),
+    )
+
+
+def build_red_lines_definition(spec: Spec) -> DashboardDef:
+    """The red-lines dashboard as data."""
+    return DashboardDef(
+        slug=SLUG,
+        title="Red lines",
+        description=(
+            "The SLA red lines of the spec: end-to-end P99 including reroutes, context keep-alive "
+            "and vector-index staleness. Red marks are critical alerts, purple marks playbook runs."
+        ),
+        sections=(_latency(spec), _keepalive(spec), _index(spec)),
+        annotations=red_line_annotations(),
+        variables=("region",),
+    )
+
+
+def build_red_lines_dashboard(spec: Spec) -> Dashboard:
+    """The red-lines dashboard."""
+    return assemble(spec, build_red_lines_definition(spec))

@@ -1,0 +1,173 @@
+"""The *Remediation* dashboard: webhook deliveries, duplicates absorbed, playbook runs by outcome
+and duration, and the write-freeze state.
+
+Webhook counters are per receiver process (sum them); run counters and durations are
+cluster-wide in every replica (take the max), as `redline.remediation.metrics` documents.
+There is no audit-chain metric in the catalog (`redline audit verify` checks the chain), so no
+panel shows it.
+"""
+
+from __future__ import annotations
+
+from grafanalib.core import Dashboard
+
+from redline.dashboards.panels import (
+    ANY_EVENT,
+    REMEDIATION_RUNBOOK,
+    DashboardDef,
+    PanelDef,
+    Query,
+    Section,
+    alert_runbook,
+    alerts_annotation,
+    assemble,
+    bad_above,
+    remediation_annotation,
+)
+from redline.slo.spec import Spec
+
+SLUG = "remediation"
+FROZEN = (
+    {
+        "type": "value",
+        "options": {
+            "0": {"text": "writable", "color": "green", "index": 0},
+            "1": {"text": "frozen", "color": "orange", "index": 1},
+        },
+    },
+)
+
+
+def build_remediation_definition(spec: Spec) -> DashboardDef:
+    """The remediation dashboard as data."""
+    book = alert_runbook(spec, REMEDIATION_RUNBOOK)
+    freeze_book = alert_runbook(spec, "RedLineIndexStaleness")
+    alerts = "redline_webhook_alerts_total"
+    runs = "redline_remediation_runs_total"
+    duration = "redline_remediation_duration_seconds_bucket"
+    received = Query(f"sum by (status) (increase({alerts}[$__range]))", "{{status}}")
+    received_rate = Query(f"sum by (status) (rate({alerts}[$__rate_interval]))", "{{status}}")
+    dupes = Query("sum(increase(redline_webhook_duplicates_total[$__range]))", "duplicates")
+    dupes_rate = Query(
+        "sum(rate(redline_webhook_duplicates_total[$__rate_interval]))", "duplicates"
+    )
+    by_outcome = Query(
+        f"max by (playbook, outcome) (increase({runs}[$__range]))", "{{playbook}}: {{outcome}}"
+    )
+    outcome_rate = Query(
+        f"max by (playbook, outcome) (increase({runs}[$__rate_interval]))",
+        "{{playbook}}: {{outcome}}",
+    )
+    failed = Query(f'sum(max by (playbook) (increase({runs}{{outcome="failed"}}[$__range])))', "")
+    durations = tuple(
+        Query(
+            f"histogram_quantile({q}, max by (le, playbook) (rate({duration}[$__range])))",
+            f"P{round(q * 100)} {{{{playbook}}}}",
+        )
+        for q in (0.5, 0.99)
+    )
+    duration_series = Query(
+        f"histogram_quantile(0.99, max by (le, playbook) (rate({duration}[$__rate_interval])))",
+        "P99 {{playbook}}",
+    )
+    frozen = Query("max by (collection) (vectordb_write_frozen)", "{{collection}}")
+    firing = Query(
+        'count by (alertname, playbook) (ALERTS{alertstate="firing",playbook!=""})',
+        "{{alertname}} → {{playbook}}",
+    )
+    sections = (
+        Section(
+            "Alertmanager webhook",
+            (
+                PanelDef("stat", "Alerts received (range)", (received,), book, "short", width=6),
+                PanelDef("timeseries", "Alerts received", (received_rate,), book, "reqps", width=6),
+                PanelDef("stat", "Duplicates absorbed (range)", (dupes,), book, "short", width=6),
+                PanelDef(
+                    "timeseries", "Duplicates absorbed", (dupes_rate,), book, "reqps", width=6
+                ),  # fmt: skip
+            ),
+        ),
+        Section(
+            "Playbook runs",
+            (
+                PanelDef(
+                    "stat",
+                    "Runs by outcome (range)",
+                    (by_outcome,),
+                    book,
+                    "short",
+                    stat_text="value_and_name",
+                    width=8,
+                ),  # fmt: skip
+                PanelDef(
+                    "stat",
+                    "Failed runs (range)",
+                    (failed,),
+                    book,
+                    "short",
+                    bad_above(ANY_EVENT),
+                    width=4,
+                ),  # fmt: skip
+                PanelDef(
+                    "timeseries",
+                    "Runs by outcome",
+                    (outcome_rate,),
+                    book,
+                    "short",
+                    width=12,
+                    bars=True,
+                ),  # fmt: skip
+                PanelDef(
+                    "stat",
+                    "Run duration (range)",
+                    durations,
+                    book,
+                    "s",
+                    stat_text="value_and_name",
+                    width=12,
+                ),  # fmt: skip
+                PanelDef(
+                    "timeseries", "Run duration P99", (duration_series,), book, "s", width=12
+                ),  # fmt: skip
+            ),
+        ),
+        Section(
+            "State",
+            (
+                PanelDef(
+                    "stat",
+                    "Index writes",
+                    (frozen,),
+                    freeze_book,
+                    mappings=FROZEN,
+                    stat_text="value_and_name",
+                    width=6,
+                ),  # fmt: skip
+                PanelDef(
+                    "state", "Write freeze", (frozen,), freeze_book, mappings=FROZEN, width=9
+                ),  # fmt: skip
+                PanelDef(
+                    "timeseries", "Firing alerts with a playbook", (firing,), book, "short", width=9
+                ),  # fmt: skip
+            ),
+        ),
+    )
+    return DashboardDef(
+        slug=SLUG,
+        title="Remediation",
+        description=(
+            "What the remediation receiver did: alerts received from Alertmanager, duplicates "
+            "absorbed (HA peers, retries), playbook runs by outcome and duration, write freezes."
+        ),
+        sections=sections,
+        annotations=(
+            alerts_annotation("Alerts with a playbook", 'playbook!=""', "red"),
+            remediation_annotation(),
+        ),
+        variables=(),
+    )
+
+
+def build_remediation_dashboard(spec: Spec) -> Dashboard:
+    """The remediation dashboard."""
+    return assemble(spec, build_remediation_definition(spec))

@@ -1,0 +1,374 @@
+"""A few hours of the catalog's series, as OpenMetrics text for `promtool tsdb
+create-blocks-from openmetrics`: what the exporters, gateway and receiver would have published
+through a day with incidents (a primary latency breach with reroutes, a stale index replica
+frozen and replayed, a CDC lag spike, a stuck LoRA checkpoint, a model version switch that
+regresses, drift creeping up) and the `ALERTS` those incidents fire.
+
+The dashboard checks query every panel against these series, and the README's picture is drawn
+from them. Deterministic: the same spec and time range give the same text.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from redline.rules.build import build_rule_groups
+from redline.rules.model import number
+from redline.slo.spec import Spec
+
+MODEL = "chat"
+ADAPTERS = ("support-lora", "summarize-lora")
+COLLECTION = "documents"
+STREAM, GROUP = "sessions:cdc", "replica"
+DRIFT_REPLICA = "secondary"
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8, 1.0, 2.0, 5.0, 10.0)
+RUN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+PROBES = ("llm_endpoints", "index_staleness", "session_rpo", "keepalive", "drift", "models")
+
+
+@dataclass(frozen=True)
+class Window:
+    """A share [start, end) of the sample's time range."""
+
+    start: float
+    end: float
+
+    def holds(self, share: float) -> bool:
+        """True while `share` (0 at the start of the range, 1 at its end) is in the window."""
+        return self.start <= share < self.end
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """When each incident happens, as shares of the range."""
+
+    latency_breach: Window = Window(0.55, 0.70)
+    version_switch: float = 0.40
+    accuracy_regression: Window = Window(0.80, 1.01)
+    stale_index: Window = Window(0.60, 0.66)
+    write_freeze: Window = Window(0.62, 0.68)
+    cdc_lag: Window = Window(0.20, 0.23)
+    stuck_checkpoint: Window = Window(0.30, 0.38)
+    drift_rising_from: float = 0.70
+    eviction_at: float = 0.50
+
+
+@dataclass
+class _Family:
+    name: str
+    kind: str
+    series: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = field(
+        default_factory=dict
+    )
+
+    def add(self, labels: dict[str, str], when: float, value: float) -> None:
+        key = tuple(sorted(labels.items()))
+        self.series.setdefault(key, []).append((when, value))
+
+
+def _weibull_cdf(bound: float, scale: float, shape: float = 2.0) -> float:
+    return 1.0 - math.exp(-((bound / scale) ** shape))
+
+
+def _weibull_mean(scale: float, shape: float = 2.0) -> float:
+    return scale * math.gamma(1 + 1 / shape)
+
+
+class _Histogram:
+    """Cumulative bucket counts of one label set, fed with request counts of a Weibull latency."""
+
+    def __init__(
+        self,
+        fam: Callable[[str, str], _Family],
+        name: str,
+        labels: dict[str, str],
+        buckets: Iterable[float],
+    ) -> None:
+        self.buckets = fam(name, "histogram")
+        self.count, self.sum_ = fam(f"{name}_count", "part"), fam(f"{name}_sum", "part")
+        self.labels = labels
+        self.bounds = sorted(buckets)
+        self.counts = [0.0] * len(self.bounds)
+        self.total = 0.0
+        self.seconds = 0.0
+
+    def observe(self, when: float, requests: float, scale: float) -> None:
+        """Add `requests` observations whose latency follows a Weibull of `scale` seconds."""
+        for index, bound in enumerate(self.bounds):
+            self.counts[index] += requests * _weibull_cdf(bound, scale)
+        self.total += requests
+        self.seconds += requests * _weibull_mean(scale)
+        for bound, count in zip(self.bounds, self.counts, strict=True):
+            self.buckets.add({**self.labels, "le": number(bound)}, when, count)
+        self.buckets.add({**self.labels, "le": "+Inf"}, when, self.total)
+        self.count.add(self.labels, when, self.total)
+        self.sum_.add(self.labels, when, self.seconds)
+
+
+@dataclass
+class _Counter:
+    value: float = 0.0
+
+    def add(self, amount: float) -> float:
+        self.value += amount
+        return self.value
+
+
+def _active_alerts(spec: Spec, scenario: Scenario, share: float) -> list[dict[str, str]]:
+    """Label sets of the alerts firing at `share`, with each rule's own static labels."""
+    static = {rule.alert: rule.labels for group in build_rule_groups(spec) for rule in group.alerts}
+    firing: list[dict[str, str]] = []
+
+    def fire(alert: str, **labels: str) -> None:
+        firing.append({"alertname": alert, "alertstate": "firing", **static[alert], **labels})
+
+    if scenario.latency_breach.holds(share):
+        fire("RedLineLatencyP99", region=spec.regions[0])
+    if scenario.stale_index.holds(share):
+        fire("RedLineIndexStaleness", collection=COLLECTION, replica=DRIFT_REPLICA)
+    if scenario.cdc_lag.holds(share):
+        fire("SessionRPOBreach", stream=STREAM, group=GROUP)
+    if scenario.stuck_checkpoint.holds(share):
+        fire("LoRACheckpointRPOBreach", adapter=ADAPTERS[0])
+    if (
+        scenario.accuracy_regression.holds(share)
+        and share > scenario.accuracy_regression.start + 0.03
+    ):
+        fire("SemanticRollbackTwoSignal", model=MODEL, model_version="v2")
+    if share > 0.92:
+        fire("EmbeddingDrift", collection=COLLECTION, method="mmd")
+    for slo in spec.slos:
+        if slo.sli.kind == "slow_requests" and scenario.latency_breach.holds(share):
+            firing.append(
+                {
+                    "alertname": slo.burn_alert_name,
+                    "alertstate": "firing",
+                    "severity": "page",
+                    "slo": slo.name,
+                }
+            )
+    return firing
+
+
+def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every counter consistent
+    spec: Spec,
+    start: float,
+    end: float,
+    step: float = 30.0,
+    scenario: Scenario | None = None,
+) -> str:
+    """OpenMetrics text of every catalog series from `start` to `end` (Unix seconds)."""
+    if end <= start or step <= 0:
+        raise ValueError(f"need start < end and step > 0, got {start}, {end}, {step}")
+    scenario = scenario or Scenario()
+    fams: dict[str, _Family] = {}
+
+    def fam(name: str, kind: str) -> _Family:
+        return fams.setdefault(name, _Family(name, kind))
+
+    src = spec.sources
+    primary, *others = spec.regions
+    fallback = others[0] if others else primary
+    routes = [(primary, primary, "false"), (primary, fallback, "true")]
+    routes += [(region, region, "false") for region in others]
+    routes += [(region, primary, "true") for region in others]
+    histograms = {
+        (route, version): _Histogram(
+            fam,
+            src.request_duration,
+            {
+                "region": route[0],
+                "served_region": route[1],
+                "rerouted": route[2],
+                "model": MODEL,
+                "model_version": version,
+                "status": "200",
+            },  # fmt: skip
+            src.histogram_buckets,
+        )
+        for route in routes
+        for version in ("v1", "v2")
+    }
+    ttft = {
+        (region, version): _Histogram(
+            fam,
+            "llm_time_to_first_token_seconds",
+            {"served_region": region, "model": MODEL, "model_version": version},
+            TTFT_BUCKETS,
+        )
+        for region in spec.regions
+        for version in ("v1", "v2")
+    }
+    runs_hist = {
+        playbook: _Histogram(
+            fam,
+            "redline_remediation_duration_seconds",
+            {"playbook": playbook},
+            RUN_BUCKETS,
+        )
+        for playbook in ("reroute", "freeze_and_replay", "semantic_rollback")
+    }
+    counters: dict[tuple[str, tuple[tuple[str, str], ...]], _Counter] = {}
+
+    def count(name: str, labels: dict[str, str], when: float, amount: float) -> None:
+        counter = counters.setdefault((name, tuple(sorted(labels.items()))), _Counter())
+        fam(name, "counter").add(labels, when, counter.add(amount))
+
+    def gauge(name: str, labels: dict[str, str], when: float, value: float) -> None:
+        fam(name, "gauge").add(labels, when, value)
+
+    last_checkpoint = dict.fromkeys(ADAPTERS, start)
+    pending, oldest_pending_since = 0.0, None
+    run_events: list[tuple[float, str, str, float]] = []
+    incidents: list[tuple[Callable[[float], bool], str, str, float]] = [
+        (scenario.latency_breach.holds, "reroute", "succeeded", 4.2),
+        (scenario.write_freeze.holds, "freeze_and_replay", "succeeded", 38.0),
+        (scenario.accuracy_regression.holds, "semantic_rollback", "failed", 95.0),
+    ]
+    was_on = [False] * len(incidents)
+    steps = int((end - start) // step) + 1
+    for index in range(steps):
+        now = start + index * step
+        share = (now - start) / (end - start)
+        active = "v1" if share < scenario.version_switch else "v2"
+        breach = scenario.latency_breach.holds(share)
+        regressed = active == "v2" and scenario.accuracy_regression.holds(share)
+        # Gateway traffic: every label set is published at every step (zero once idle).
+        for (route, version), hist in histograms.items():
+            origin, served, rerouted = route
+            rps = 40.0 if origin == primary else 25.0
+            reroute_share = 0.20 if breach and origin == primary else 0.02
+            share_of_route = reroute_share if rerouted == "true" else 1 - reroute_share
+            requests = rps * step * share_of_route if version == active else 0.0
+            scale = 0.25 if rerouted == "false" else 0.34
+            if breach and origin == primary and rerouted == "false":
+                scale = 0.45
+            if regressed:
+                scale *= 1.25
+            hist.observe(now, requests, scale)
+            labels = dict(hist.labels)
+            count(src.requests_total.removesuffix("_total"), labels, now, requests)
+            error_rate = 0.004 if breach and origin == primary else 0.0004
+            count(src.errors_total.removesuffix("_total"), labels, now, requests * error_rate)
+        for source_region in spec.regions:
+            for target in spec.regions:
+                if source_region != target:
+                    moved = 40.0 * step * 0.18 if breach and source_region == primary else 0.3
+                    reroute = {"from_region": source_region, "to_region": target,
+                               "reason": "first_byte_budget"}  # fmt: skip
+                    count("llm_reroutes", reroute, now, moved)
+        for (region, version), hist in ttft.items():
+            requests = (30.0 if region == primary else 20.0) * step if version == active else 0.0
+            hist.observe(now, requests, 0.12 if not breach else 0.2)
+            tokens = {"served_region": region, "model": MODEL, "model_version": version}
+            count("llm_generated_tokens", tokens, now, requests * 42)
+            count("llm_prompt_tokens", tokens, now, requests * 230)
+        for region in spec.regions:
+            for probe in ("healthz", "chat_dry_run"):
+                failing = breach and region == primary and probe == "chat_dry_run"
+                probe_labels = {"region": region, "probe": probe}
+                gauge("llm_probe_success", probe_labels, now, 0.0 if failing else 1.0)
+                gauge("llm_probe_duration_seconds", probe_labels, now, 0.9 if failing else 0.08)
+        # Accuracy on the golden set and the versions' verified baselines.
+        for version, (accuracy, p99) in {"v1": (0.90, 0.55), "v2": (0.905, 0.52)}.items():
+            labels = {"model": MODEL, "model_version": version}
+            evals = 2.0 * step if version == active else 0.0
+            measured = accuracy - 0.025 if regressed and version == "v2" else accuracy
+            count("llm_eval_requests", labels, now, evals)
+            count("llm_eval_correct", labels, now, evals * measured)
+            gauge("model_baseline_p99_seconds", labels, now, p99)
+            gauge("model_baseline_accuracy_ratio", labels, now, accuracy)
+        info = {"model": MODEL, "version": active, "weights_hash": f"sha256-{active}-w",
+                "config_hash": f"sha256-{active}-c"}  # fmt: skip
+        gauge("model_active_info", info, now, 1.0)
+        for adapter in ADAPTERS:
+            stuck = adapter == ADAPTERS[0] and scenario.stuck_checkpoint.holds(share)
+            if not stuck and now - last_checkpoint[adapter] >= 60:
+                last_checkpoint[adapter] = now
+            gauge("model_checkpoint_last_success_timestamp_seconds", {"adapter": adapter}, now,
+                  last_checkpoint[adapter])  # fmt: skip
+        # Vector index: a stale replica, then a freeze whose writes pile up in the delta log.
+        replica = {"collection": COLLECTION, "replica": DRIFT_REPLICA}
+        stale = scenario.stale_index.holds(share)
+        staleness = 4.0 + 16.0 * (share - scenario.stale_index.start) / 0.06 if stale else 1.5
+        gauge("vectordb_index_staleness_seconds", replica, now, staleness + (index % 4) * 0.3)
+        frozen = scenario.write_freeze.holds(share)
+        gauge("vectordb_write_frozen", {"collection": COLLECTION}, now, 1.0 if frozen else 0.0)
+        replayed = 0.0
+        if frozen or stale:
+            pending += 3.0 * step
+            oldest_pending_since = oldest_pending_since or now
+        else:
+            replayed, pending = pending, 0.0
+            oldest_pending_since = None
+        gauge("vectordb_delta_log_pending_entries", replica, now, pending)
+        age = now - oldest_pending_since if oldest_pending_since is not None else 0.0
+        gauge("vectordb_delta_log_oldest_pending_age_seconds", replica, now, age)
+        count("vectordb_delta_log_replayed", replica, now, replayed)
+        # Sessions.
+        lag = 5.5 if scenario.cdc_lag.holds(share) else 0.3 + (index % 5) * 0.1
+        gauge("session_cdc_rpo_seconds", {"stream": STREAM, "group": GROUP}, now, lag)
+        gauge("session_context_ttl_seconds", {}, now, 1800.0)
+        gauge("session_keepalive_probe_success", {}, now, 1.0)
+        evicted = 1.0 if abs(share - scenario.eviction_at) < step / (end - start) / 2 else 0.0
+        count("session_context_evicted", {}, now, evicted)
+        # Drift creeping up past the calibrated threshold.
+        drift = {"collection": COLLECTION, "method": spec.drift.method}
+        rise = max(0.0, share - scenario.drift_rising_from) / (1 - scenario.drift_rising_from)
+        gauge("embedding_drift_score", drift, now, spec.drift.threshold * (0.4 + 0.9 * rise))
+        gauge("embedding_drift_threshold", drift, now, spec.drift.threshold)
+        gauge("embedding_drift_window_samples", {"collection": COLLECTION}, now,
+              float(spec.drift.window))  # fmt: skip
+        # The remediation receiver: one firing and one resolved delivery per incident, each
+        # delivered twice by the Alertmanager HA pair; a finished run per incident.
+        for slot, (holds, playbook, outcome, seconds) in enumerate(incidents):
+            on = holds(share)
+            if on != was_on[slot]:
+                status = "firing" if on else "resolved"
+                count("redline_webhook_alerts", {"status": status}, now, 2.0)
+                count("redline_webhook_duplicates", {}, now, 1.0)
+                if on:
+                    run_events.append((now + seconds, playbook, outcome, seconds))
+            was_on[slot] = on
+        for status in ("firing", "resolved"):
+            count("redline_webhook_alerts", {"status": status}, now, 0.0)
+        count("redline_webhook_duplicates", {}, now, 0.0)
+        for playbook, hist in runs_hist.items():
+            done = [e for e in run_events if e[1] == playbook and now - step < e[0] <= now]
+            for outcome in ("succeeded", "failed"):
+                finished = sum(1.0 for e in done if e[2] == outcome)
+                count("redline_remediation_runs", {"playbook": playbook, "outcome": outcome},
+                      now, finished)  # fmt: skip
+            hist.observe(now, float(len(done)), done[0][3] if done else 1.0)
+        for probe in PROBES:
+            gauge("redline_probe_success", {"probe": probe}, now, 1.0)
+            gauge("redline_probe_last_success_timestamp_seconds", {"probe": probe}, now, now)
+            gauge("redline_probe_duration_seconds", {"probe": probe}, now, 0.02)
+        for alert in _active_alerts(spec, scenario, share):
+            gauge("ALERTS", alert, now, 1.0)
+    return render_openmetrics(fams)
+
+
+def render_openmetrics(fams: dict[str, _Family]) -> str:
+    """The families as OpenMetrics text; each series' samples in time order, `# EOF` last."""
+    lines: list[str] = []
+    for name, family in fams.items():
+        if family.kind == "part":
+            continue
+        lines.append(f"# TYPE {name} {family.kind}")
+        parts: list[tuple[str, _Family]] = []
+        if family.kind == "histogram":
+            parts.append((f"{name}_bucket", family))
+            parts.extend((f"{name}{suffix}", fams[name + suffix]) for suffix in ("_count", "_sum"))
+        else:
+            suffix = "_total" if family.kind == "counter" else ""
+            parts.append((name + suffix, family))
+        for metric, part in parts:
+            for labels, points in part.series.items():
+                text = ",".join(f'{key}="{value}"' for key, value in labels)
+                selector = f"{metric}{{{text}}}" if text else metric
+                lines.extend(f"{selector} {value:.12g} {when:.3f}" for when, value in points)
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
