@@ -205,7 +205,10 @@ local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
 return {id, redis.call('EXISTS', KEYS[2])}
 """
 
-# KEYS: target hash, lease. ARGV: token, new checkpoint, entries, conflicts, replayed, now_ms, log.
+# KEYS: target hash, lease. ARGV: token, new checkpoint, entries, conflicts, replayed, now_ms, log,
+# the batch's highest ts_ms, then the batch's regions. Besides the checkpoint, it keeps the highest
+# ts_ms and the set of regions ever applied, which let a batch that is newer than anything the
+# target holds, from its only region, skip reading the target's versions.
 _ADVANCE = (
     _LUA_ID_GT
     + """
@@ -225,6 +228,15 @@ redis.call('HSET', KEYS[1], 'checkpoint', ARGV[2], 'offset', tonumber(offset) + 
 redis.call('HINCRBY', KEYS[1], 'applied', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'conflicts', ARGV[4])
 redis.call('HINCRBY', KEYS[1], 'replayed', ARGV[5])
+local high = tonumber(redis.call('HGET', KEYS[1], 'high_ts_ms') or '-1')
+if tonumber(ARGV[8]) > high then redis.call('HSET', KEYS[1], 'high_ts_ms', ARGV[8]) end
+local regions = redis.call('HGET', KEYS[1], 'regions') or ''
+for i = 9, #ARGV do
+  if not string.find(',' .. regions .. ',', ',' .. ARGV[i] .. ',', 1, true) then
+    if regions == '' then regions = ARGV[i] else regions = regions .. ',' .. ARGV[i] end
+  end
+end
+redis.call('HSET', KEYS[1], 'regions', regions)
 return 1
 """
 )
@@ -306,6 +318,9 @@ class TargetState:
     applied: int
     conflicts: int
     replayed: int
+    high_ts_ms: int = -1
+    regions: frozenset[str] = frozenset()
+    tombstones: int = 0
 
 
 @dataclass(frozen=True)
@@ -432,7 +447,10 @@ class DeltaLog:
 
     def target_state(self, target: str) -> TargetState:
         """A target's checkpoint and counters (a target never applied to starts at `0-0`)."""
-        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.target_key(target)))
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.target_key(target))
+        pipe.hlen(self.tombstone_key(target))
+        raw, tombstones = cast(tuple[dict[bytes, bytes], int], tuple(pipe.execute()))
 
         def number(name: bytes) -> int | None:
             value = raw.get(name)
@@ -445,6 +463,9 @@ class DeltaLog:
             applied=number(b"applied") or 0,
             conflicts=number(b"conflicts") or 0,
             replayed=number(b"replayed") or 0,
+            high_ts_ms=number(b"high_ts_ms") or -1,
+            regions=frozenset(r for r in _text(raw.get(b"regions", b"")).split(",") if r),
+            tombstones=int(tombstones),
         )
 
     def pending(self, target: str, state: TargetState | None = None) -> tuple[int, float | None]:
@@ -474,6 +495,8 @@ class DeltaLog:
         entries: int,
         conflicts: int,
         replayed: bool,
+        high_ts_ms: int = -1,
+        regions: Sequence[str] = (),
     ) -> bool:
         """Move the checkpoint forward after a batch; LeaseLostError if the lease is not ours."""
         result = int(
@@ -487,6 +510,8 @@ class DeltaLog:
                     entries if replayed else 0,
                     int(time.time() * 1000),
                     self.stream_key,
+                    high_ts_ms,
+                    *sorted(set(regions)),
                 ],
             )
         )

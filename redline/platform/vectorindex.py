@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from redline.platform.deltalog import (
     Entry,
     FreezeState,
     Op,
+    TargetState,
     Vector,
     Version,
     check_id,
@@ -233,6 +235,7 @@ class MilvusTarget:
                 output_fields=fields,
                 timeout=self.timeout_seconds,
                 consistency_level="Strong",
+                strict_float32=True,  # vectors as float32 arrays: exact, and decoded in bulk
             )
         )
 
@@ -364,6 +367,8 @@ class BatchResult:
     superseded: int
     checkpoint: str
     busy: bool = False
+    start: str = ZERO_ID
+    batch: tuple[Entry, ...] = ()
 
 
 class DeltaApplier:
@@ -375,42 +380,64 @@ class DeltaApplier:
         target: MilvusTarget,
         lease_ttl_seconds: float = 15.0,
         replay: bool = False,
+        trust_high_water: bool = True,
     ) -> None:
         self.log = deltalog
         self.target = target
         self.lease_ttl_seconds = lease_ttl_seconds
         self.replay = replay
+        # Only appliers write to a replica, so its recorded high-water mark and regions are
+        # complete; the primary also takes direct writes, so its catch-up always reads versions.
+        self.trust_high_water = trust_high_water
         self.token = new_token()
 
-    def apply_batch(self, batch_size: int, until: str | None = None) -> BatchResult:
+    def apply_batch(
+        self,
+        batch_size: int,
+        until: str | None = None,
+        prefetched: tuple[str, list[Entry]] | None = None,
+    ) -> BatchResult:
         """Apply up to `batch_size` entries after the checkpoint (and ≤ `until`), then advance it.
 
         The checkpoint moves only after Milvus accepted the batch; deletes are recorded as
         tombstones before they are applied, so a crash anywhere is repaired by re-running.
+        `prefetched` = (checkpoint they follow, entries) is used only if the checkpoint still is
+        that one when the lease is held.
         """
         name = self.target.name
         if not self.log.acquire(name, self.token, self.lease_ttl_seconds):
             return BatchResult(0, 0, 0, 0, 0, self.log.target_state(name).checkpoint, busy=True)
         try:
-            checkpoint = self.log.target_state(name).checkpoint
-            entries = self.log.read_after(checkpoint, batch_size, until)
+            state = self.log.target_state(name)
+            checkpoint = state.checkpoint
+            if prefetched is not None and prefetched[0] == checkpoint:
+                entries = prefetched[1][:batch_size]
+            else:
+                entries = self.log.read_after(checkpoint, batch_size, until)
             if not entries:
-                return BatchResult(0, 0, 0, 0, 0, checkpoint)
+                return BatchResult(0, 0, 0, 0, 0, checkpoint, start=checkpoint)
             ids = list(dict.fromkeys(e.id for e in entries))
-            rows = self.target.fetch(ids)
-            tombstones = self.log.tombstones(name, ids)
-            resolution = build_resolution(entries, rows, tombstones)
+            regions = {e.region for e in entries}
+            newest = max(e.ts_ms for e in entries)
+            if self._newer_than_target(entries, regions, state):
+                # Nothing the target holds can be newer or from another region: nothing to read.
+                resolution = build_resolution(entries, {}, {})
+                stale_tombstones = [e.id for e in resolution.upserts] if state.tombstones else []
+            else:
+                rows = self.target.fetch(ids)
+                tombstones = self.log.tombstones(name, ids)
+                resolution = build_resolution(entries, rows, tombstones)
+                stale_tombstones = [e.id for e in resolution.upserts if e.id in tombstones]
             deletes = {e.id: e.version for e in resolution.deletes}
             self.log.set_tombstones(name, deletes)
             self.target.delete(list(deletes))
             self.target.upsert(resolution.upserts)
-            self.log.clear_tombstones(
-                name, [e.id for e in resolution.upserts if e.id in tombstones]
-            )
+            self.log.clear_tombstones(name, stale_tombstones)
             last = entries[-1].stream_id
             self.log.advance(
-                name, self.token, last, len(entries), resolution.conflicts, self.replay
-            )
+                name, self.token, last, len(entries), resolution.conflicts, self.replay,
+                newest, sorted(regions),
+            )  # fmt: skip
             return BatchResult(
                 len(entries),
                 len(resolution.upserts),
@@ -418,18 +445,31 @@ class DeltaApplier:
                 resolution.conflicts,
                 resolution.superseded,
                 last,
+                start=checkpoint,
+                batch=tuple(entries),
             )
         finally:
             self.log.release(name, self.token)
 
+    def _newer_than_target(
+        self, entries: Sequence[Entry], regions: set[str], state: TargetState
+    ) -> bool:
+        if not self.trust_high_water or len(regions) != 1 or not regions >= state.regions:
+            return False
+        return min(e.ts_ms for e in entries) > state.high_ts_ms
+
 
 def _wait_batch(
-    applier: DeltaApplier, batch_size: int, until: str | None, wait_seconds: float
+    applier: DeltaApplier,
+    batch_size: int,
+    until: str | None,
+    wait_seconds: float,
+    prefetched: tuple[str, list[Entry]] | None = None,
 ) -> BatchResult:
     """A batch, waiting (bounded) while another applier holds the lease."""
     deadline = time.monotonic() + wait_seconds
     while True:
-        result = applier.apply_batch(batch_size, until)
+        result = applier.apply_batch(batch_size, until, prefetched)
         if not result.busy:
             return result
         if time.monotonic() > deadline:
@@ -565,7 +605,7 @@ def unfreeze_writes(
     the primary holds the last entry; returns the entries applied. Safe to re-run after a crash."""
     if deltalog.freeze_state() is None:
         return 0
-    applier = DeltaApplier(deltalog, primary)
+    applier = DeltaApplier(deltalog, primary, trust_high_water=False)
     total = 0
     for _ in range(max_rounds):
         while True:
@@ -662,40 +702,76 @@ class VerifyReport:
         return self.mismatches == 0
 
 
+@dataclass(frozen=True)
+class _Expected:
+    version: Version
+    op: Op
+    checksum: str
+
+
+def _note(expected: dict[str, _Expected], entries: Iterable[Entry]) -> int:
+    """Fold entries into the last write per id (ties: the later arrival); returns the count."""
+    count = 0
+    for entry in entries:
+        count += 1
+        held = expected.get(entry.id)
+        if held is None or entry.version.key() >= held.version.key():
+            expected[entry.id] = _Expected(entry.version, entry.op, entry.checksum)
+    return count
+
+
 def verify_range(
-    deltalog: DeltaLog, target: MilvusTarget, after: str, until: str, sample_limit: int = 20
+    deltalog: DeltaLog,
+    target: MilvusTarget,
+    after: str,
+    until: str,
+    sample_limit: int = 20,
+    workers: int = 2,
 ) -> VerifyReport:
     """Check every id written in (after, until]: its last write by (ts_ms, region) is on the
     target (upsert: present with that version and a recomputed vector checksum that matches;
     delete: absent). Ids the target holds in a newer version count as superseded, not wrong."""
-    last: dict[str, Entry] = {}
-    entries = 0
-    for entry in deltalog.iter_range(after, until):
-        entries += 1
-        held = last.get(entry.id)
-        if held is None or entry.version.key() >= held.version.key():
-            last[entry.id] = entry
-    ids = list(last)
-    rows = target.fetch(ids, with_vectors=True)
+    expected: dict[str, _Expected] = {}
+    entries = _note(expected, deltalog.iter_range(after, until))
+    return _verify(deltalog, target, expected, after, until, entries, sample_limit, workers)
+
+
+def _verify(
+    deltalog: DeltaLog,
+    target: MilvusTarget,
+    expected: Mapping[str, _Expected],
+    after: str,
+    until: str,
+    entries: int,
+    sample_limit: int = 20,
+    workers: int = 2,
+) -> VerifyReport:
+    ids = list(expected)
+    chunks = [ids[i : i + _FETCH_CHUNK] for i in range(0, len(ids), _FETCH_CHUNK)]
+    rows: dict[str, RowState] = {}
+    # Reading vectors back is most of a verification; overlap the round trips with decoding.
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for found in pool.map(partial(target.fetch, with_vectors=True), chunks):
+            rows.update(found)
     tombstones = deltalog.tombstones(target.name, ids)
     verified = superseded = missing = unexpected = stale = bad_sum = 0
     wrong: list[str] = []
-    for row_id, expected in last.items():
+    for row_id, want in expected.items():
         row = rows.get(row_id)
         newer = [v for v in (row.version if row else None, tombstones.get(row_id)) if v]
-        if any(v.key() > expected.version.key() for v in newer):
+        if any(v.key() > want.version.key() for v in newer):
             superseded += 1
             continue
-        if expected.op == "delete":
+        if want.op == "delete":
             if row is None:
                 verified += 1
                 continue
             unexpected += 1
         elif row is None:
             missing += 1
-        elif row.version != expected.version:
+        elif row.version != want.version:
             stale += 1
-        elif row.vector is None or vector_checksum(row.vector) != expected.checksum:
+        elif row.vector is None or vector_checksum(row.vector) != want.checksum:
             bad_sum += 1
         else:
             verified += 1
@@ -796,27 +872,53 @@ def replay_delta_log(
     deltalog.set_replay_range(name, after, end)
     applier = DeltaApplier(deltalog, target, lease_ttl_seconds, replay=True)
     entries = upserts = deletes = conflicts = superseded = batches = 0
-    while True:
-        batch_started = time.monotonic()
-        result = _wait_batch(applier, batch_size, end, lease_wait_seconds)
-        if result.entries == 0:
-            break
-        batches += 1
-        entries += result.entries
-        upserts += result.upserts
-        deletes += result.deletes
-        conflicts += result.conflicts
-        superseded += result.superseded
-        if on_batch is not None:
-            on_batch(result)
-        if max_rows_per_second:
-            pause = result.entries / max_rows_per_second - (time.monotonic() - batch_started)
-            if pause > 0:
-                time.sleep(pause)
+    expected: dict[str, _Expected] = {}
+    covered = after  # (after, covered] is folded into `expected` or listed in `gaps`
+    gaps: list[tuple[str, str]] = []
+    pending: tuple[str, Future[list[Entry]]] | None = None
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        while True:
+            batch_started = time.monotonic()
+            prefetched = (pending[0], pending[1].result()) if pending is not None else None
+            pending = None
+            if prefetched is not None and prefetched[1]:
+                # read the next batch from Redis while this one is written to Milvus
+                nxt = prefetched[1][-1].stream_id
+                pending = (nxt, reader.submit(deltalog.read_after, nxt, batch_size, end))
+            result = _wait_batch(applier, batch_size, end, lease_wait_seconds, prefetched)
+            if result.entries == 0:
+                break
+            if pending is None or pending[0] != result.checkpoint:
+                nxt = result.checkpoint
+                pending = (nxt, reader.submit(deltalog.read_after, nxt, batch_size, end))
+            if result.start != covered:
+                gaps.append((covered, result.start))  # applied by an earlier or another applier
+            covered = result.checkpoint
+            _note(expected, result.batch)
+            batches += 1
+            entries += result.entries
+            upserts += result.upserts
+            deletes += result.deletes
+            conflicts += result.conflicts
+            superseded += result.superseded
+            if on_batch is not None:
+                on_batch(result)
+            if max_rows_per_second:
+                pause = result.entries / max_rows_per_second - (time.monotonic() - batch_started)
+                if pause > 0:
+                    time.sleep(pause)
+        if pending is not None:
+            pending[1].cancel()
+    if parse_stream_id(covered) < parse_stream_id(end):
+        gaps.append((covered, end))
     apply_seconds = time.monotonic() - started
     target.flush()
     compacted = target.compact() if compact else False
-    report = verify_range(deltalog, target, after, end)
+    # the range's last write per id: this run's batches plus whatever others applied in between
+    in_range = entries
+    for gap_after, gap_until in gaps:
+        in_range += _note(expected, deltalog.iter_range(gap_after, gap_until))
+    report = _verify(deltalog, target, expected, after, end, in_range)
     if report.ok:
         deltalog.clear_replay_range(name)
     return ReplayReport(
