@@ -114,7 +114,7 @@ def firing_replay(job: Job | None) -> tuple[dict[str, Any] | None, str]:
     for step in reversed(job.steps):
         data = step.get("data") or {}
         if step.get("phase") == "execute" and step.get("name") == REPLAY and step.get("ok"):
-            if data.get("verified") is True:
+            if data.get("replay_verified") is True:
                 return step, ""
     return None, (
         f"the firing job {job.id} ({job.playbook}) did not verify a replay; run "
@@ -301,7 +301,7 @@ class _IndexPlaybook(Playbook):
                 f"{v.missing} missing, {v.unexpected} unexpected, {v.stale} stale, "
                 f"{v.checksum_mismatches} checksum mismatches (e.g. "
                 f"{', '.join(v.mismatched_ids) or 'n/a'}); writes stay frozen",
-                verified=False,
+                replay_verified=False,
                 **summary,
             )
         key = self._progress_key(ctx)
@@ -315,7 +315,7 @@ class _IndexPlaybook(Playbook):
             f"{report.target} ({report.conflicts} conflicts); verified "
             f"{report.verify.verified} ids ({report.verify.superseded} superseded) in "
             f"{report.after}..{report.until}",
-            verified=True,
+            replay_verified=True,
             **summary,
         )
 
