@@ -52,6 +52,7 @@ class DriftSettings:
     window_size: int = 1000
     false_positive_rate: float = 0.01
     calibration_draws: int = 300
+    classifier_draws: int = 100
     mmd_features: int = 256
     bandwidth_rows: int = 1000
     classifier_components: int = 64
@@ -66,8 +67,8 @@ class DriftSettings:
             raise DriftError(
                 f"false_positive_rate must be in (0, 0.5), got {self.false_positive_rate}"
             )
-        if self.calibration_draws < 20:
-            raise DriftError(f"calibration_draws must be >= 20, got {self.calibration_draws}")
+        if min(self.calibration_draws, self.classifier_draws) < 20:
+            raise DriftError("calibration_draws and classifier_draws must be >= 20")
         if self.mmd_features < 2 or self.mmd_features % 2:
             raise DriftError(f"mmd_features must be an even number >= 2, got {self.mmd_features}")
         if self.bandwidth_rows < 2 or self.classifier_components < 1:
@@ -428,7 +429,12 @@ class DriftDetector:
 
     def _calibrate(self, method: DriftMethod, n: int) -> Calibration:
         self._check(np.empty((n, self.dim), np.float32), method)
-        draws = self.settings.calibration_draws
+        # Each classifier draw fits a model: fewer draws, floored by the Mann-Whitney quantile.
+        draws = (
+            self.settings.classifier_draws
+            if method == "classifier_auc"
+            else self.settings.calibration_draws
+        )
         rng = np.random.default_rng([self.settings.seed, n, METHODS.index(method)])
         pool_rows = self._pool.shape[0]
         inflate = math.sqrt((pool_rows - 1) / max(pool_rows - n, 1))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from redline.exporters.drift import decode_vector, encode_vector, load_reference_npy
 from redline.exporters.drift_stats import (
     METHODS,
     DriftDetector,
@@ -198,6 +200,7 @@ def test_calibration_is_cached_per_method_and_size(
     # Smaller windows are noisier: their null spreads wider.
     assert smaller.null_std > first.null_std
     assert first.draws == 200 and first.false_positive_rate == 0.01
+    assert detector.calibration("classifier_auc", WINDOW).draws == 100
 
 
 def test_mean_cosine_and_classifier_basics() -> None:
@@ -240,5 +243,41 @@ def test_bad_configuration_and_inputs_get_clear_errors(
         detector.score(np.ones((1, DIM), np.float32))
     with pytest.raises(DriftError, match="false_positive_rate"):
         DriftSettings(false_positive_rate=0.7)
+    with pytest.raises(DriftError, match="classifier_draws"):
+        DriftSettings(classifier_draws=5)
     with pytest.raises(DriftError, match="mmd_features"):
         DriftSettings(mmd_features=7)
+
+
+def test_stream_vector_decoding() -> None:
+    vector = np.array([1.5, -2.0, 3.25], np.float32)
+    assert decode_vector(encode_vector(vector), "float32").tolist() == [1.5, -2.0, 3.25]
+    assert decode_vector(b"\x00\x01\x02", "float32") is None
+    assert decode_vector(None, "float32") is None
+    assert decode_vector(b"[1, 2.5, NaN]", "json") is not None
+    assert decode_vector(b"[1, true]", "json") is None
+    assert decode_vector(b'{"a": 1}', "json") is None
+    assert decode_vector(b"[[1, 2]]", "json") is None
+    assert decode_vector(b"\xff\xfe", "json") is None
+    clean = build_clean_vectors([decode_vector(b"[1, 2.5, NaN]", "json")], 3)
+    assert clean.non_finite == 1
+
+
+def test_npy_reference_errors_name_the_file(tmp_path: Path) -> None:
+    good = tmp_path / "good.npy"
+    np.save(good, np.ones((4, 3), np.float32))
+    assert load_reference_npy(good).shape == (4, 3)
+    flat = tmp_path / "flat.npy"
+    np.save(flat, np.ones(5))
+    with pytest.raises(DriftError, match=r"flat\.npy: expected a 2-D numeric array"):
+        load_reference_npy(flat)
+    text = tmp_path / "text.npy"
+    text.write_text("not numpy")
+    with pytest.raises(DriftError, match=r"text\.npy: not a \.npy array"):
+        load_reference_npy(text)
+    with pytest.raises(DriftError, match=r"missing\.npy: cannot read"):
+        load_reference_npy(tmp_path / "missing.npy")
+    objects = tmp_path / "objects.npy"
+    np.save(objects, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DriftError, match=r"objects\.npy: not a \.npy array"):
+        load_reference_npy(objects)
