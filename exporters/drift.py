@@ -9,6 +9,12 @@ Window sources
 - `RedisStreamWindow`: the newest entries of a Redis stream (XREVRANGE), one vector per entry in
   a field (raw little-endian float32 bytes, or a JSON list).
 
+Each run fetches window_size + 10 % (so a few bad vectors do not shrink the window), skips
+vectors of the wrong dimension, with NaN/inf, or undecodable (counted by reason, one log line per
+run), and scores the newest window_size valid ones; with fewer valid vectors it scores the newest
+window_size/2, /4, ... (each size has its own calibration), and below `min_window` it publishes
+only the sample count. A Milvus window is at most 7447 vectors (16384-row query cap).
+
 Reference sources: `NpyReference` (a `.npy` file of shape (rows, dim)) or `MilvusSnapshot` (the
 vectors of a collection, read once). The reference is loaded on the first run and the detector,
 with its calibrated thresholds, is kept for the life of the probe.
@@ -16,7 +22,8 @@ with its calibrated thresholds, is kept for the life of the probe.
 Published series: `embedding_drift_score{collection,method}`,
 `embedding_drift_threshold{collection,method}` (same labels, so an alert compares them series to
 series), `embedding_drift_window_samples{collection}` and the counter
-`embedding_drift_invalid_vectors_total{collection,reason}`.
+`embedding_drift_invalid_vectors_total{collection,reason}` (reason: wrong_dimension, non_finite,
+undecodable; a bad vector is counted at every run that fetches it).
 """
 
 from __future__ import annotations
