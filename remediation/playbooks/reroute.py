@@ -169,7 +169,7 @@ class Reroute(Playbook):
             return StepResult.failure(f"{self.name}: unknown step {step.name!r}")
         region, target = str(step.params["from"]), str(step.params["to"])
         check = self._probe(target)
-        ctx.record("probe", f"{target}: {check.detail}", region=target, **check.as_dict())
+        ctx.record("probe", f"{target}: {check.detail}", region=target, check=check.as_dict())
         if not check.healthy:
             raise TransientError(f"{target} became unhealthy before the switch: {check.detail}")
         store = self._store()

@@ -183,7 +183,7 @@ class SemanticRollback(Playbook):
         rejected = {k[len("rejected:") :]: v for k, v in raw.items() if k.startswith("rejected:")}
         return Progress(raw.get("from"), raw.get("chosen"), rejected)
 
-    def _save(self, ctx: PlaybookContext, **fields: str) -> None:
+    def _save(self, ctx: PlaybookContext, fields: Mapping[str, str]) -> None:
         key = self._key(ctx)
         with ctx.redis.pipeline(transaction=True) as pipe:
             for name, value in fields.items():
@@ -354,7 +354,7 @@ class SemanticRollback(Playbook):
         else:
             problem = self._attempt(ctx, registry, snapshot)
             if problem is None:
-                self._save(ctx, chosen=sid)
+                self._save(ctx, {"chosen": sid})
                 return StepResult.success(
                     f"{model} rolled back to {sid} (version {snapshot.version}); "
                     "continuity verified",
@@ -363,7 +363,7 @@ class SemanticRollback(Playbook):
                     chosen=True,
                 )
             reason = problem
-        self._save(ctx, **{f"rejected:{sid}": reason})
+        self._save(ctx, {f"rejected:{sid}": reason})
         ctx.record("reject_snapshot", f"{sid}: {reason}", snapshot_id=sid, reason=reason)
         if not step.params.get("last"):
             return StepResult.success(
