@@ -10,15 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
 
 from redline.settings import SettingsError, load_settings
 from redline.stack.config import ADAPTER_VERSIONS
+from redline.stack.drills import DRILL_ORDER, DrillError, DrillResult, resolve_names, run_drills
 from redline.stack.health import check_stack
 from redline.stack.loadgen import LoadGenerator, LoadgenSettings, write_reference
 from redline.stack.models import (
@@ -28,6 +31,7 @@ from redline.stack.models import (
     record_baselines,
     write_adapters,
 )
+from redline.stack.report import DrillBoard, build_table, render_json, write_json
 from redline.stack.runtime import (
     BinaryMissingError,
     PortInUseError,
@@ -38,6 +42,7 @@ from redline.stack.runtime import (
     UpOptions,
     describe_urls,
     load_running,
+    part_alive,
     start_stack,
     state_json,
     stop_stack,
@@ -47,6 +52,7 @@ out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 DEFAULT_RUN_DIR = Path(".redline/run")
+DEFAULT_ARTIFACT = Path(".redline/artifacts/drills.json")
 RunDirOpt = Annotated[
     Path, typer.Option("--run-dir", help="Run directory (logs, config, data, state).")
 ]
@@ -227,4 +233,91 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("down")(down)
     app.command("status")(status)
+    app.command("drill")(drill)
     app.command("loadgen", hidden=True)(loadgen)
+
+
+DRILL_HELP = "Drill name(s): all, " + ", ".join(DRILL_ORDER)
+
+
+def run_drills_live(
+    state: StackState, names: list[str], artifact: Path | None
+) -> list[DrillResult]:
+    """Run drills with a live board on stderr; print the table; write the JSON results."""
+    spec = state.load_spec()
+    wanted = resolve_names(names)
+    board = DrillBoard(wanted)
+    if err.is_terminal:
+        with Live(board, console=err, refresh_per_second=4):
+            results = run_drills(wanted, state, spec, board.progress, board.done)
+    else:
+        printed: set[str] = set()
+
+        def plain(drill: str, message: str) -> None:
+            board.progress(drill, message)
+            key = f"{drill}:{message.split(' (')[0]}"
+            if key not in printed:
+                printed.add(key)
+                err.print(f"[{drill}] {message}", markup=False)
+
+        results = run_drills(wanted, state, spec, plain, board.done)
+    out.print(build_table(results))
+    text = render_json(results, {"run_dir": state.run_dir, "rate": state.rate})
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    write_json(state.layout().drills_dir / f"drills-{stamp}.json", text)
+    if artifact is not None:
+        write_json(artifact, text)
+        out.print(f"drill results written to {artifact}", markup=False)
+    for result in results:
+        for check in result.checks:
+            if not check.ok:
+                err.print(f"{result.drill}: check failed: {check.name}: {check.detail}",
+                          markup=False)  # fmt: skip
+        if result.error:
+            err.print(f"{result.drill}: {result.error}", markup=False)
+    return results
+
+
+def drill(
+    names: Annotated[list[str], typer.Argument(help=DRILL_HELP, show_default=False)],
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    json_out: Annotated[
+        Path | None, typer.Option("--json-out", help="Also write the results JSON here.")
+    ] = None,
+) -> None:
+    """Inject a fault into the running stack and time detect, notify, remediate, recover."""
+    try:
+        resolve_names(names)
+        state = load_running(run_dir)
+    except (DrillError, StackError) as exc:
+        raise _fail(exc) from None
+    results = run_drills_live(state, names, json_out)
+    if not all(result.ok for result in results):
+        raise typer.Exit(1)
+
+
+def run_demo(run_dir: Path, spec: Path | None, once: bool, rate: float) -> None:
+    """Stack up (or reuse the one running there) -> every drill -> timings -> URLs or down."""
+    try:
+        state = load_running(run_dir)
+        if state.status != "running" or not all(part_alive(p) for p in state.parts):
+            raise StackError("not running")
+        err.print(f"reusing the stack running in {run_dir}", markup=False)
+    except StackError:
+        try:
+            state = bring_up(UpOptions(run_dir, spec, {}, rate))
+        except StackError as exc:
+            raise _fail(exc) from None
+    results = run_drills_live(state, ["all"], DEFAULT_ARTIFACT)
+    if once:
+        down(run_dir)
+    else:
+        print_urls(state)
+        out.print(
+            f"the stack keeps running; try `redline status --run-dir {run_dir}`, "
+            f"`redline drill latency --run-dir {run_dir}`; stop it with "
+            f"`redline down --run-dir {run_dir}`",
+            markup=False,
+        )
+    if not all(result.ok for result in results):
+        raise typer.Exit(1)

@@ -28,7 +28,8 @@ HOST = "127.0.0.1"
 ADAPTER = "chat-lora"
 """The LoRA adapter the demo serves; its versions are the snapshots the rollback drills use."""
 BASE_MODEL = "redline-base"
-ADAPTER_VERSIONS = ("v1", "v2")
+ADAPTER_VERSIONS = ("v1", "v2", "v3")
+"""v1 serves; v2 is the regression drill's release, v3 the negative drill's."""
 COLLECTION = "documents"
 INDEX_DIM = 128
 EMBEDDINGS_STREAM = "redline:prompt-embeddings"

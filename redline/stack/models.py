@@ -150,7 +150,7 @@ def measure_version(
     version: str,
     buckets: Sequence[float],
     requests: int,
-    concurrency: int = 16,
+    concurrency: int = 4,
     golden_rounds: int = 3,
 ) -> Measurement:
     """Send `requests` chat requests and the golden set `golden_rounds` times via the gateway."""
