@@ -217,6 +217,20 @@ def test_freeze_1000_writes_replay_verifies_every_write_then_unfreezes(index: In
     assert "not frozen" in _step(done, "resolve", "unfreeze_if_verified")["detail"]
     assert not index.frozen()
 
+    # Someone freezes again after the verified replay: a late resolution must not lift that.
+    index.writer.freeze("operator: maintenance")
+    again_start = datetime.now(UTC)
+    [again] = run_jobs(settings, _alert("delta_log_replay", "b0000000000000b5", index,
+                                        starts_at=again_start))  # fmt: skip
+    assert again.status == "succeeded", again.error  # replayed (nothing new), verified, unfrozen
+    assert not index.frozen()
+    index.writer.freeze("operator: maintenance, again")
+    [late] = run_jobs(settings, _alert("delta_log_replay", "b0000000000000b5", index,
+                                       status="resolved", starts_at=again_start))  # fmt: skip
+    kept = _step(late, "resolve", "unfreeze_if_verified")
+    assert kept["data"]["left_frozen"] is True and "frozen again" in kept["detail"]
+    assert index.frozen()
+
 
 def test_a_replay_that_cannot_verify_leaves_writes_frozen(index: Index) -> None:
     settings = index.settings()

@@ -10,10 +10,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER
+from redline.platform.simulator import serve_in_thread
 from redline.platform.snapshots import Baselines, Snapshot, SnapshotRegistry
 from redline.remediation.settings import RemediationSettings
 from tests.integration.playbook_support import (
@@ -281,3 +285,60 @@ def test_an_unconfigured_or_unknown_model_fails_with_a_clear_reason(
     assert job.status == "failed"
     assert job.error == "semantic_rollback: not configured: set rollback.snapshot_root"
     assert get_job(bare, job.id).status == "failed"
+
+
+def _hook_app(upstreams: list[str], token: str, calls: list[dict[str, Any]]) -> FastAPI:
+    """A deployment controller's hook: checks the token, then swaps the adapter everywhere."""
+    app = FastAPI()
+
+    @app.post("/rollout")
+    async def rollout(request: Request) -> JSONResponse:
+        if request.headers.get("authorization") != f"Bearer {token}":
+            return JSONResponse({"detail": "unauthorized"}, status_code=401)
+        body = await request.json()
+        calls.append({"idempotency_key": request.headers.get("idempotency-key"), **body})
+        async with httpx.AsyncClient(trust_env=False, timeout=10) as client:
+            for url in upstreams:
+                await client.post(
+                    f"{url}/v1/unload_lora_adapter", json={"lora_name": body["lora_name"]}
+                )
+                loaded = await client.post(
+                    f"{url}/v1/load_lora_adapter",
+                    json={"lora_name": body["lora_name"], "lora_path": body["lora_path"]},
+                )
+                if loaded.status_code != 200:
+                    return JSONResponse({"detail": loaded.text}, status_code=502)
+        return JSONResponse({"rolled_out": body["snapshot_id"]})
+
+    return app
+
+
+def test_a_configured_hook_is_told_instead_of_the_lora_api(
+    rollback: Rollback, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "hook-token"
+    token_file.write_text("hook-secret\n")
+    calls: list[dict[str, Any]] = []
+    hook = serve_in_thread(_hook_app(list(rollback.stack.upstreams.values()), "hook-secret", calls))
+    try:
+        settings = rollback.settings.model_copy(
+            update={
+                "rollback": rollback.settings.rollback.model_copy(
+                    update={"hook_url": f"{hook.url}/rollout", "hook_token_file": token_file}
+                ),
+                "serving": rollback.settings.serving.model_copy(update={"upstreams": {}}),
+            }
+        )
+        [job] = run_jobs(settings, _alert("a0000000000000a8"))
+    finally:
+        hook.stop()
+    assert job.status == "succeeded", job.error
+    v2 = rollback.snapshots["v2"]
+    [call] = calls
+    assert call["idempotency_key"] == f"{job.id}:{v2.snapshot_id}"
+    assert call["snapshot_id"] == v2.snapshot_id and call["version"] == "v2"
+    assert call["lora_name"] == MODEL and call["lora_path"] == rollback.adapter_dir("v2")
+    assert call["weights_sha256"] == v2.weights_sha256
+    assert records(job, "load_adapter") == [] and len(records(job, "hook")) == 1
+    assert rollback.active() == "v2"
+    assert set(rollback.served_roots().values()) == {rollback.adapter_dir("v2")}
