@@ -11,11 +11,13 @@ Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -54,9 +56,34 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process (Linux /proc), or None where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    """One mode's latencies and the CPU each process spent on it."""
+
+    mode: str
+    direct: list[float]
+    proxied: list[float]
+    gateway_cpu: float | None
+    simulator_cpu: float | None
+
+
 def _measure(
-    client: httpx.Client, requests: int, direct: str, proxied: str, stream: bool
-) -> tuple[list[float], list[float]]:
+    client: httpx.Client,
+    requests: int,
+    direct: str,
+    proxied: str,
+    stream: bool,
+    pids: tuple[int, int],
+) -> Run:
     body = {
         "model": "redline-base",
         "messages": [{"role": "user", "content": "benchmark prompt of a few words"}],
@@ -78,12 +105,16 @@ def _measure(
         once(proxied)
     direct_times: list[float] = []
     proxied_times: list[float] = []
+    before = [_cpu_seconds(pid) for pid in pids]
     for index in range(requests):
         # Alternate which goes first so neither side always follows the other.
         pair: list[tuple[list[float], str]] = [(direct_times, direct), (proxied_times, proxied)]
         for times, url in pair if index % 2 == 0 else reversed(pair):
             times.append(once(url))
-    return direct_times, proxied_times
+    after = [_cpu_seconds(pid) for pid in pids]
+    cpu = [None if b is None or a is None else a - b for b, a in zip(before, after, strict=True)]
+    mode = "stream" if stream else "json"
+    return Run(mode, direct_times, proxied_times, cpu[1], cpu[0])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,17 +151,20 @@ def main(argv: list[str] | None = None) -> None:
                     f"{gw_url}/healthz",
                 )
             )
-            rows = []
+            runs = []
+            pids = (processes[0].pid, processes[1].pid)
             with httpx.Client(timeout=10.0, trust_env=False) as client:
                 for stream in (False, True):
-                    direct, proxied = _measure(
-                        client,
-                        args.requests,
-                        f"{sim_url}/v1/chat/completions",
-                        f"{gw_url}/v1/chat/completions",
-                        stream,
+                    runs.append(
+                        _measure(
+                            client,
+                            args.requests,
+                            f"{sim_url}/v1/chat/completions",
+                            f"{gw_url}/v1/chat/completions",
+                            stream,
+                            pids,
+                        )
                     )
-                    rows.append(("stream" if stream else "json", direct, proxied))
         finally:
             for process in processes:
                 process.terminate()
@@ -149,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     print(header)
     print("-" * len(header))
     verdicts = []
-    for mode, direct, proxied in rows:
+    for run in runs:
+        mode, direct, proxied = run.mode, run.direct, run.proxied
         for name, q in (("p50", 0.5), ("p99", 0.99)):
             d, p = _quantile(direct, q) * 1000, _quantile(proxied, q) * 1000
             print(f"{mode:<7}{name:>9}{d:>11.3f}{p:>12.3f}{p - d:>10.3f}{p / d:>7.2f}x")
@@ -157,6 +192,19 @@ def main(argv: list[str] | None = None) -> None:
                 verdicts.append((mode, p - d))
         mean_added = (statistics.fmean(proxied) - statistics.fmean(direct)) * 1000
         print(f"{mode:<7}{'mean':>9}{'':>11}{'':>12}{mean_added:>10.3f}")
+    print("CPU per request (load-independent view of the cost; simulator serves both sides):")
+    for run in runs:
+        if run.gateway_cpu is None or run.simulator_cpu is None:
+            print(f"{run.mode}: CPU times unavailable on this platform")
+            continue
+        gateway_ms = run.gateway_cpu / len(run.proxied) * 1000
+        simulator_ms = run.simulator_cpu / (len(run.direct) + len(run.proxied)) * 1000
+        print(
+            f"{run.mode}: gateway {gateway_ms:.3f} ms per proxied request, simulator "
+            f"{simulator_ms:.3f} ms per request ({gateway_ms / simulator_ms:.2f}x)"
+        )
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"1-minute load average at the end: {load:.2f} on {os.cpu_count()} CPUs")
     for mode, added in verdicts:
         ok = "meets" if added <= TARGET_ADDED_P50_MS else "MISSES"
         print(f"{mode}: {added:.3f} ms added at p50 {ok} the {TARGET_ADDED_P50_MS:g} ms target")

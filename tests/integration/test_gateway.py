@@ -984,3 +984,21 @@ def test_concurrent_requests_share_the_pool_correctly(
     )
     assert counted == sum(tokens for _, _, tokens in results)
     assert gw.total("llm_requests_total", status="200") == 60
+
+
+def test_upstream_pool_coalesces_chunks_that_arrived_together(
+    raw_server: Callable[[Callable[[int], list[Action]]], RawServer],
+) -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    burst = b"3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n"
+    server = raw_server(lambda i: [head + burst, 0.2, b"4\r\nfour\r\n0\r\n\r\n"])
+
+    async def run() -> list[bytes]:
+        pool = UpstreamPool(server.url)
+        try:
+            response = await pool.request("POST", "/", [], b"")
+            return [piece async for piece in response.chunks()]
+        finally:
+            await pool.aclose()
+
+    assert asyncio.run(run()) == [b"onetwothree", b"four"]
