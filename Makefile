@@ -7,7 +7,8 @@ REDLINE := $(VENV)/bin/redline
 STAMP := $(VENV)/.installed
 APT_NEEDED := $(shell command -v prometheus >/dev/null && command -v promtool >/dev/null || echo prometheus) \
               $(shell command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || echo prometheus-alertmanager) \
-              $(shell command -v redis-server >/dev/null || echo redis-server)
+              $(shell command -v redis-server >/dev/null || echo redis-server) \
+              $(shell command -v docker-compose >/dev/null || echo docker-compose)
 PYTEST_ARGS ?=
 
 .PHONY: setup services demo test lint typecheck typecheck-tree generate-check pytest bench clean
