@@ -115,3 +115,57 @@ def start_sample_prometheus(
         service.stop()
         raise
     return SamplePrometheus(service, start, end, rule_file)
+
+
+def render_preview(
+    workdir: Path, spec: Spec, dashboard_file: Path, out: Path, hours: float = 3.0
+) -> list[str]:
+    """Draw `dashboard_file` from the sample Prometheus into `out`; return empty panels' titles."""
+    import json
+
+    import httpx
+
+    from redline.dashboards.preview import fetch_annotation_spans, fetch_panels, render_png
+    from redline.dashboards.queries import GrafanaContext, variable_queries
+
+    dashboard = json.loads(dashboard_file.read_text("utf-8"))
+    sample = start_sample_prometheus(workdir, spec, hours=hours)
+    try:
+        with httpx.Client(base_url=sample.service.url, timeout=30) as client:
+            values = {}
+            for variable in variable_queries(dashboard):
+                params = {"start": sample.start, "end": sample.end}
+                if variable.match:
+                    params["match[]"] = variable.match
+                body = client.get(f"/api/v1/label/{variable.label}/values", params=params).json()
+                values[variable.name] = sorted(body["data"])
+            context = GrafanaContext(
+                sample.start, sample.end, spec.timing.scrape_interval_seconds, values, 240
+            )
+            panels = fetch_panels(client, dashboard, context)
+            annotations = [a for a in dashboard["annotations"]["list"] if "expr" in a]
+            spans = fetch_annotation_spans(client, annotations[0]["expr"], context)
+    finally:
+        sample.stop()
+    render_png(dashboard["title"], panels, spans, out)
+    return [p.panel["title"] for p in panels if p.panel["type"] != "row" and not p.series]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m redline.sample_prometheus DASHBOARD.json OUT.png`: the README's picture."""
+    import argparse
+    import tempfile
+
+    from redline.slo.load import load_spec
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("dashboard", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="redline-preview-") as tmp:
+        empty = render_preview(Path(tmp), load_spec().spec, args.dashboard, args.out)
+    print(f"{args.out}: written" + (f"; panels without data: {empty}" if empty else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -153,3 +153,26 @@ def test_red_line_panels_show_the_breach_the_sample_holds(
     alerts = next(q for q in panel_queries(dashboard) if q.where.startswith("annotation 'Critical"))
     fired = _query_range(client, substitute(alerts.expr, context), context)
     assert "RedLineLatencyP99" in {series["metric"]["alertname"] for series in fired}
+
+
+def test_preview_draws_every_panel_with_data(
+    client: httpx.Client, prometheus: SamplePrometheus, spec: Spec, tmp_path: Path
+) -> None:
+    """The README's picture: every panel of the red-lines dashboard drawn from its queries."""
+    pytest.importorskip("matplotlib", reason="matplotlib comes with the dev extras")
+    from redline.dashboards.preview import fetch_annotation_spans, fetch_panels, render_png
+
+    dashboard = _load("red-lines.json")
+    context = _context(client, dashboard, prometheus, spec)
+    panels = fetch_panels(client, dashboard, context)
+    drawn = [p for p in panels if p.panel["type"] != "row"]
+    assert drawn and all(p.series for p in drawn), [p.panel["title"] for p in drawn if not p.series]
+    expr = next(a["expr"] for a in dashboard["annotations"]["list"] if "expr" in a)
+    spans = fetch_annotation_spans(client, expr, context)
+    assert spans and all(start < end for start, end in spans)
+    out = tmp_path / "red-lines.png"
+    render_png(dashboard["title"], panels, spans, out)
+    assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and out.stat().st_size > 20_000
+    committed = ROOT / "docs" / "red-lines.png"
+    assert committed.stat().st_size < 300_000
+    assert "docs/red-lines.png" in (ROOT / "README.md").read_text("utf-8")
