@@ -128,6 +128,13 @@ def _format(value: float, unit: str) -> str:
     return f"{value:.3g}"
 
 
+def _date(timestamp: float) -> float:
+    """Matplotlib's date number of a Unix time (UTC)."""
+    import matplotlib.dates as mdates
+
+    return float(mdates.date2num(datetime.fromtimestamp(timestamp, UTC)))  # type: ignore[no-untyped-call]
+
+
 def _mapped(panel: Mapping[str, Any], value: float) -> str | None:
     """The text of a value mapping (`0` -> "failed"), as Grafana shows it."""
     for mapping in panel.get("fieldConfig", {}).get("defaults", {}).get("mappings", []):
@@ -190,15 +197,14 @@ def render_png(
                           color=_color(panel, value), fontweight="bold")  # fmt: skip
             continue
         for series in data.series[:8]:
-            times = [datetime.fromtimestamp(t, UTC) for t, _ in series.points]
+            times = [_date(t) for t, _ in series.points]
             axes.plot(times, [v for _, v in series.points], linewidth=1.2, label=series.legend)
         for start, end in spans:
-            axes.axvspan(datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC),
-                         color="tab:red", alpha=0.08)  # fmt: skip
+            axes.axvspan(_date(start), _date(end), color="tab:red", alpha=0.08)
         for _name, bound in _steps(panel):
             if bound is not None and len(_steps(panel)) > 1:
                 axes.axhline(bound, color=_color(panel, bound), linestyle="--", linewidth=1)
-        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))
+        axes.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M"))  # type: ignore[no-untyped-call]
         axes.tick_params(labelsize=7)
         if data.series:
             axes.legend(fontsize=6, loc="upper left", ncol=2, frameon=False)

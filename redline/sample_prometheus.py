@@ -132,9 +132,9 @@ def render_preview(
     sample = start_sample_prometheus(workdir, spec, hours=hours)
     try:
         with httpx.Client(base_url=sample.service.url, timeout=30) as client:
-            values = {}
+            values: dict[str, list[str]] = {}
             for variable in variable_queries(dashboard):
-                params = {"start": sample.start, "end": sample.end}
+                params: dict[str, str | float] = {"start": sample.start, "end": sample.end}
                 if variable.match:
                     params["match[]"] = variable.match
                 body = client.get(f"/api/v1/label/{variable.label}/values", params=params).json()
