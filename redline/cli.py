@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from redline.generate import RULES_DIR, build_outputs, diff_outputs, write_outputs
+from redline.lazycli import LazyGroup
 from redline.rules.alertmanager import used_playbooks
 from redline.rules.build import build_rule_groups
 from redline.slo.load import LoadedSpec, SpecError, apply_profile, load_spec
@@ -16,6 +17,7 @@ from redline.toolcheck import ToolMissingError, run_checks
 
 app = typer.Typer(
     name="redline",
+    cls=LazyGroup,
     help="SLA red lines, SLOs and remediation for generative-AI serving.",
     no_args_is_help=True,
     add_completion=False,
@@ -154,35 +156,6 @@ def summarize(loaded: LoadedSpec, profile: str | None) -> None:
     console.print(
         f"Alertmanager routes to the remediation webhook by playbook: {', '.join(playbooks)}"
     )
-
-
-from redline.cli_exporters import register_exporter_commands  # noqa: E402
-
-register_exporter_commands(app)
-
-
-from redline.cli_sessions import sessions_app  # noqa: E402
-
-app.add_typer(sessions_app, name="sessions")
-
-from redline.cli_index import index_app  # noqa: E402
-
-app.add_typer(index_app, name="index")
-
-
-from redline.cli_serving import register as register_serving  # noqa: E402
-
-register_serving(app)
-
-
-from redline.cli_remediation import register as register_remediation  # noqa: E402
-
-register_remediation(app)
-
-
-from redline.cli_stack import register as register_stack  # noqa: E402
-
-register_stack(app)
 
 
 @app.command()

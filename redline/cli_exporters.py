@@ -1,7 +1,7 @@
 """`redline exporters` (the exporter process) and `redline snapshot ...` (the snapshot registry).
 
 Thin: parses arguments, loads settings and the spec, calls `redline.exporters` and
-`redline.platform.snapshots`. Registered on the main app by `register_exporter_commands`.
+`redline.platform.snapshots`. Registered on the main app by `register`.
 """
 
 from __future__ import annotations
@@ -308,7 +308,7 @@ def snapshot_checkpoint(
     out.print(f"{adapter}: checkpoint at {_when(record.last_success)}", markup=False)
 
 
-def register_exporter_commands(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     """Add `exporters` and the `snapshot` group to the main CLI."""
     app.command("exporters")(exporters)
     app.add_typer(snapshot_app, name="snapshot")

@@ -361,6 +361,7 @@ def status(
                 "pending_entries": pending,
                 "oldest_pending_age_seconds": oldest,
                 **asdict(state),
+                "regions": sorted(state.regions),
             },
             "unfinished_replay": ix.log.replay_range(name),
         }
@@ -418,3 +419,8 @@ def write_demo(
             ),
             markup=False,
         )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `index` group to the main CLI."""
+    app.add_typer(index_app, name="index")

@@ -228,3 +228,8 @@ def status(
         markup=False,
         highlight=False,
     )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `sessions` group to the main CLI."""
+    app.add_typer(sessions_app, name="sessions")
