@@ -212,8 +212,17 @@ class SemanticRollback(Playbook):
         self, registry: SnapshotRegistry, model: str, origin: Snapshot, progress: Progress
     ) -> Selection:
         snapshots, errors = registry.scan(model)
-        older = [s for s in snapshots if s.sequence < origin.sequence and s.verified]
-        problems = {s.snapshot_id: registry.check(s) for s in older}
+        budget = max(0, self.options.max_candidates - len(progress.rejected))
+        problems: dict[str, list[str]] = {}
+        intact = 0
+        # Hash files newest first, only until enough intact candidates are found.
+        for snapshot in snapshots:
+            if intact >= budget:
+                break
+            eligible = snapshot.sequence < origin.sequence and snapshot.verified
+            if eligible and snapshot.snapshot_id not in progress.rejected:
+                problems[snapshot.snapshot_id] = registry.check(snapshot)
+                intact += not problems[snapshot.snapshot_id]
         return build_selection(
             snapshots,
             origin,
