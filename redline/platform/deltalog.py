@@ -2,9 +2,19 @@
 target's durable checkpoint.
 
 An entry is appended before anything touches Milvus, and the append is the acknowledgement.
-Every appliers' checkpoint (last applied stream id) lives in a Redis hash and is advanced by a
+Every applier's checkpoint (last applied stream id) lives in a Redis hash and is advanced by a
 script that also checks the applier still holds the target's lease, so it only moves forward and
 only after the batch it covers has been applied.
+
+Redis keys, for `redline:index:<collection>`:
+- `:log` stream; entry fields `op` (u|d), `id`, `vector` (float32 little-endian bytes, empty for
+  deletes), `region`, `ts_ms`, `checksum` (first 32 hex digits of the vector bytes' SHA-256);
+- `:frozen` hash (`reason`, `since`, `at_ms`) while writes are frozen;
+- `:target:<name>` hash: `checkpoint`, `offset` (entries read, for the pending count),
+  `checkpoint_ms`, counters `applied`, `conflicts`, `replayed`, and `high_ts_ms`, `regions`;
+- `:target:<name>:lease` (one applier at a time), `:tombstones` (id -> "ts_ms|region" of applied
+  deletes), `:paused` (replicator pause flag), `:replay` (range of an unfinished replay),
+  `:canary` (the staleness probe's outstanding canary).
 """
 
 from __future__ import annotations
