@@ -663,6 +663,8 @@ def run_evidently(scenario: Scenario, report_calls: int) -> tuple[list[Row], lis
             row.splits += 1
         rows.append(row)
 
+    if report_calls <= 0:
+        return rows, timers
     definition = DataDefinition(numerical_columns=columns, embeddings={"minilm": columns})
     report_row = Row("evidently Report([EmbeddingsDrift])")
     times = []
@@ -740,7 +742,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--splits", type=int, default=25, help="same-distribution splits (FPR)")
     parser.add_argument("--report-calls", type=int, default=2, help="Evidently Report calls")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds")
+    parser.add_argument(
+        "--blas-threads",
+        type=int,
+        default=1,
+        help="BLAS threads for both sides (0: library default); on a shared, loaded 2-core "
+        "machine 2-thread OpenBLAS spin-waits and small products take 100x longer",
+    )
     args = parser.parse_args(argv)
+    if args.blas_threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.blas_threads, user_api="blas")
     warnings.simplefilter("ignore")
     print(describe_machine())
     base_texts, shifted_texts = build_corpus()

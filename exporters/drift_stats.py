@@ -345,6 +345,11 @@ class DriftDetector:
         self._prepare_kernel(rng)
         self._prepare_classifier(rng)
 
+    @property
+    def comparison(self) -> FloatMatrix:
+        """The reference rows windows are scored against (the rest calibrates)."""
+        return self._compare
+
     def _prepare_kernel(self, rng: np.random.Generator) -> None:
         omega = rng.standard_normal((self.dim, self.settings.mmd_features // 2))
         self._omega = (omega / math.sqrt(self.sigma2)).astype(np.float32)

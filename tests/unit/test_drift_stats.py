@@ -129,7 +129,7 @@ def test_feature_mmd_tracks_the_exact_estimator(
     rng, centres, _ = world
     reference = _sample(rng, centres, 1200, BASE)
     detector = DriftDetector(reference, DriftSettings(window_size=WINDOW, mmd_features=8192))
-    compare = detector._compare  # the part windows are scored against
+    compare = detector.comparison
     for topics in (BASE, [0, 1], NEW):
         window = _sample(rng, centres, WINDOW, topics)
         exact = mmd2_unbiased(window, compare, detector.sigma2)
