@@ -424,8 +424,3 @@ def write_demo(
 def register(app: typer.Typer) -> None:
     """Add the `index` group to the main CLI."""
     app.add_typer(index_app, name="index")
-
-
-def register(app: typer.Typer) -> None:
-    """Add `redline index ...` to the main app."""
-    app.add_typer(index_app, name="index")
