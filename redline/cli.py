@@ -185,6 +185,11 @@ def demo(
         raise typer.Exit(1)
 
 
+from redline.cli_report import register as register_report  # noqa: E402
+
+register_report(app)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -1,0 +1,643 @@
+"""Read the report's series from Prometheus (prometheus-api-client, retries, chunked ranges).
+
+Every number is computed by Prometheus at a coarse step (hourly sums of counters, subqueries
+counting evaluation steps past a line), so a 30-day report moves a few thousand points, not
+every raw sample. Recording rules are read where they exist (`max(recorded) or raw`, point by
+point), the raw expression where they do not (e.g. data backfilled without its rules).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+from redline.rules.build import (
+    error_ratio_record,
+    p99_record,
+    slo_error_ratio_expr,
+)
+from redline.rules.model import format_duration, number, selector
+from redline.slo.maths import HOUR
+from redline.slo.report import (
+    AlertSamples,
+    LiveSignals,
+    RemediationCounts,
+    ReportInput,
+    SignalDef,
+    SignalSeries,
+    SloSeries,
+    Window,
+    signal_defs,
+)
+from redline.slo.spec import Slo, Spec
+
+MAX_POINTS = 10_000
+"""Points per range query (Prometheus refuses more than 11,000 per series)."""
+
+RAW_CHUNK = timedelta(days=7)
+"""Raw-sample reads (`ALERTS`) are split into chunks of this length."""
+
+BURN_STEP = 300
+"""Step of the sliding 1 h burn-rate series."""
+
+Labels = dict[str, str]
+Points = list[tuple[float, float]]
+
+
+class PrometheusQueryError(Exception):
+    """Prometheus answered a query with an error."""
+
+
+class PrometheusUnavailableError(PrometheusQueryError):
+    """Prometheus cannot be reached (down, wrong URL, or failing with 5xx after retries)."""
+
+
+class _CountingSession(requests.Session):
+    """A requests session that counts the HTTP requests it sends (retries not included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0
+        self._lock = threading.Lock()
+
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
+        """Count, then send."""
+        with self._lock:
+            self.sent += 1
+        return super().request(method, url, *args, **kwargs)
+
+
+def _ts(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _float(text: str) -> float:
+    return float(text)
+
+
+class PromClient:
+    """A Prometheus API client with retries, chunked range queries and a query counter."""
+
+    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2) -> None:
+        self.url = url.rstrip("/")
+        self._session = _CountingSession()
+        retry = Retry(
+            total=retries,
+            connect=retries,
+            read=retries,
+            status=retries,
+            backoff_factor=0.2,
+            status_forcelist=(429, 502, 503, 504),
+            allowed_methods=frozenset({"GET", "POST"}),
+            raise_on_status=False,
+        )
+        self._prom = PrometheusConnect(
+            self.url, retry=retry, session=self._session, timeout=int(math.ceil(timeout))
+        )
+
+    @property
+    def queries(self) -> int:
+        """HTTP requests sent so far."""
+        return self._session.sent
+
+    def close(self) -> None:
+        """Close the HTTP session."""
+        self._prom.close()
+
+    def __enter__(self) -> PromClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError) as exc:
+            reason = str(exc).split("(Caused by ")[-1].rstrip(")")[:200]
+            raise PrometheusUnavailableError(
+                f"Prometheus at {self.url} is not reachable ({type(exc).__name__}: {reason}); "
+                "is it running, and is --prometheus right?"
+            ) from None
+        except PrometheusApiClientException as exc:
+            raise PrometheusQueryError(
+                f"Prometheus at {self.url} rejected {what}: {_api_error(str(exc))}"
+            ) from None
+
+    def check(self) -> None:
+        """Raise PrometheusUnavailableError unless Prometheus answers its API."""
+        self._call("a status query", self._prom.custom_query, "vector(1)")
+
+    def instant(self, query: str, at: float) -> list[tuple[Labels, float]]:
+        """An instant query at `at`; NaN results are dropped."""
+        result = self._call(
+            f"query {query!r}", self._prom.custom_query, query, params={"time": str(at)}
+        )
+        out: list[tuple[Labels, float]] = []
+        for item in result or []:
+            value = _float(item["value"][1])
+            if math.isfinite(value):
+                out.append((dict(item["metric"]), value))
+        return out
+
+    def range(self, query: str, start: float, end: float, step: int) -> list[tuple[Labels, Points]]:
+        """A range query split into chunks of at most MAX_POINTS points; NaN points dropped."""
+        merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+        chunk_start = start
+        while chunk_start <= end:
+            chunk_end = min(end, chunk_start + (MAX_POINTS - 1) * step)
+            result = self._call(
+                f"range query {query!r}",
+                self._prom.custom_query_range,
+                query,
+                _ts(chunk_start),
+                _ts(chunk_end),
+                str(step),
+            )
+            for item in result or []:
+                key = tuple(sorted(item["metric"].items()))
+                points = merged.setdefault(key, {})
+                for ts, text in item["values"]:
+                    value = _float(text)
+                    if math.isfinite(value):
+                        points[float(ts)] = value
+            chunk_start = chunk_end + step
+        return [(dict(key), sorted(points.items())) for key, points in sorted(merged.items())]
+
+    def raw(
+        self, metric: str, labels: Mapping[str, str], start: float, end: float
+    ) -> list[tuple[Labels, list[float]]]:
+        """Raw sample timestamps of `metric{labels}` in [start, end], read in RAW_CHUNK chunks."""
+        span = timedelta(seconds=end - start)
+        result = self._call(
+            f"raw read of {metric}",
+            self._prom.get_metric_range_data,
+            metric,
+            label_config=dict(labels),
+            start_time=_ts(start),
+            end_time=_ts(end),
+            chunk_size=min(RAW_CHUNK, span),
+        )
+        merged: dict[tuple[tuple[str, str], ...], set[float]] = {}
+        for item in result or []:
+            key = tuple(sorted(item["metric"].items()))
+            merged.setdefault(key, set()).update(float(ts) for ts, _ in item["values"])
+        return [(dict(key), sorted(ts)) for key, ts in sorted(merged.items())]
+
+
+def _api_error(text: str) -> str:
+    """The `error` field of a Prometheus API error body quoted inside the client's message."""
+    start = text.find("{")
+    if start >= 0:
+        body = text[start:].rstrip(")'\"")
+        try:
+            parsed = json.loads(body.encode().decode("unicode_escape"))
+            return str(parsed.get("error", text))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# PromQL of each report series (pure)
+
+
+def _stat(expr: str, name: str) -> str:
+    return f'label_replace({expr}, "stat", "{name}", "__name__", ".*")'
+
+
+def _dur(seconds: float) -> str:
+    return f"{int(seconds)}s"
+
+
+def check_step(step: int) -> None:
+    """Steps must divide an hour so that hourly subqueries tile the period exactly."""
+    if step < 1 or HOUR % step:
+        raise ValueError(f"step {step} s must be a whole number of seconds that divides 3600")
+
+
+def slo_total_expr(spec: Spec, slo: Slo, window: str) -> str:
+    """PromQL of an SLO's events over `window` (summed counter increase)."""
+    match slo.sli.kind:
+        case "slow_requests":
+            series = f"{spec.sources.request_duration}_count{selector(slo.sli.selector)}"
+        case "errors":
+            series = f"{spec.sources.requests_total}{selector(slo.sli.selector)}"
+    return f"sum(increase({series}[{window}]))"
+
+
+def slo_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
+    """The recorded bad share where it exists, the raw expression where not."""
+    recorded = f'max({error_ratio_record(window)}{{slo="{slo.name}"}})'
+    return f"{recorded} or ({slo_error_ratio_expr(spec, slo, window)})"
+
+
+def slo_hourly_query(spec: Spec, slo: Slo) -> str:
+    """Events and bad share of each hour (points at each hour's end)."""
+    return (
+        _stat(slo_total_expr(spec, slo, "1h"), "total")
+        + "\nor "
+        + _stat(f"({slo_ratio_expr(spec, slo, '1h')})", "ratio")
+    )
+
+
+ENCODE = 1_000_000
+"""Steps past the line are counted as millions and measured steps as units in one sum, so one
+subquery yields both (exact: an hour has far fewer steps than a million)."""
+
+
+@dataclass(frozen=True)
+class SignalExprs:
+    """PromQL of a signal.
+
+    `flag` is 1 past the line and 0 within it, and exists exactly when the signal is measured;
+    `peak` is the hour's worst value evaluated at the hour's last second (a raw range function
+    where the signal is a stored series, a subquery where it is computed); `value` is the
+    signal itself (for its P99); `by` names the labels that tell instances apart.
+    """
+
+    flag: str
+    peak: str
+    value: str
+    threshold: str | None = None
+    by: tuple[str, ...] = ()
+    peak_costly: bool = False  # a subquery, read for the current period only when possible
+
+
+def latency_exprs(spec: Spec, step: int, recorded: bool) -> SignalExprs:
+    """The P99 red line from its recording rule, or from the raw histogram.
+
+    From the histogram, "P99 above the threshold" is evaluated as "under 99 % of requests at or
+    below the threshold bucket", which is the same condition (histogram_quantile interpolates
+    inside the bucket past the threshold) and far cheaper than the quantile itself.
+    """
+    red = spec.red_lines.latency_p99
+    thr = number(red.threshold_seconds)
+    sub = f"[{_dur(HOUR - 1)}:{_dur(step)}]"
+    if recorded:
+        value = f"max({p99_record(spec)})"
+        return SignalExprs(
+            f"{value} > bool {thr}", f"max_over_time({value}{sub})", value, peak_costly=True
+        )
+    base = spec.sources.request_duration
+    value = (
+        f"max(histogram_quantile({number(red.quantile)}, sum by (le, region) "
+        f"(rate({base}_bucket[{red.window}]))))"
+    )
+    flag = f"{value} > bool {thr}"
+    if red.threshold_seconds in spec.sources.histogram_buckets:
+        good = (
+            f'sum by (region) (rate({base}_bucket{{le="{thr}"}}[{red.window}]))\n'
+            f"  / sum by (region) (rate({base}_count[{red.window}]))"
+        )
+        flag = f"min({good}) < bool {number(red.quantile)}"
+    return SignalExprs(flag, f"max_over_time({value}{sub})", value, peak_costly=True)
+
+
+def signal_exprs(spec: Spec, defn: SignalDef, step: int, recorded: bool = False) -> SignalExprs:
+    """PromQL of one report signal (the keep-alive line's condition is its alert's)."""
+    thr = number(defn.threshold)
+    sub = f"[{_dur(HOUR - 1)}:{_dur(step)}]"
+    hour = f"[{_dur(HOUR - 1)}]"
+
+    def gauge(series: str, worst: str = "max") -> SignalExprs:
+        value = f"{worst}({series})"
+        op = ">" if worst == "max" else "<"
+        return SignalExprs(
+            f"{value} {op} bool {thr}", f"{worst}({worst}_over_time({series}{hour}))", value
+        )
+
+    match defn.key:
+        case "latency_p99":
+            return latency_exprs(spec, step, recorded)
+        case "context_keepalive":
+            keep = spec.red_lines.context_keepalive
+            # The same short window the keep-alive alert counts evictions over.
+            window = format_duration(max(60.0, 4 * spec.timing.scrape_interval_seconds))
+            # Measured while the keep-alive probe exports all three of its series.
+            flag = (
+                f"((min(session_keepalive_probe_success) == bool 0)\n"
+                f"  + (min(session_context_ttl_seconds) < bool {number(keep.min_seconds)})\n"
+                f"  + (sum(increase(session_context_evicted_total[{window}])) > bool 0)) > bool 0"
+            )
+            value = "min(session_context_ttl_seconds)"
+            return SignalExprs(
+                flag, f"min(min_over_time(session_context_ttl_seconds{hour}))", value
+            )
+        case "index_consistency":
+            return gauge("vectordb_index_staleness_seconds")
+        case "rpo_lora_adapter":
+            value = "(time() - min(model_checkpoint_last_success_timestamp_seconds))"
+            return SignalExprs(
+                f"{value} > bool {thr}", f"max_over_time({value}{sub})", value, peak_costly=True
+            )
+        case "rpo_session_state":
+            return gauge("session_cdc_rpo_seconds")
+        case "rpo_embedding_index":
+            return gauge("vectordb_delta_log_oldest_pending_age_seconds")
+        case "drift":
+            by = "max by (collection, method)"
+            value = f"{by} (embedding_drift_score)"
+            threshold = f"{by} (embedding_drift_threshold)"
+            return SignalExprs(
+                f"{value} > bool on (collection, method) {threshold}",
+                f"{by} (max_over_time(embedding_drift_score{hour}))",
+                value,
+                f"{by} (max_over_time(embedding_drift_threshold{hour}))",
+                ("collection", "method"),
+            )
+        case _:
+            raise KeyError(defn.key)
+
+
+def signal_steps_query(exprs: SignalExprs, step: int) -> str:
+    """Per hour: steps past the line x ENCODE + measured steps (one subquery)."""
+    return f"sum_over_time((({exprs.flag}) * {ENCODE} + 1)[{_dur(HOUR - 1)}:{_dur(step)}])"
+
+
+def signal_p99_query(exprs: SignalExprs, period: int, step: int) -> str:
+    """P99 of a signal over the `period` seconds up to each evaluation."""
+    return f"quantile_over_time(0.99, ({exprs.value})[{_dur(period - 1)}:{_dur(step)}])"
+
+
+def remediation_query(period: int) -> str:
+    """Runs by playbook and outcome and run-duration sums/counts over `period` seconds.
+
+    Every receiver replica exports the cluster-wide totals, so replicas are combined with max.
+    """
+    w = _dur(period)
+    return "\nor ".join(
+        [
+            _stat(
+                f"max by (playbook, outcome) (increase(redline_remediation_runs_total[{w}]))",
+                "runs",
+            ),
+            _stat(
+                f"max by (playbook) (increase(redline_remediation_duration_seconds_sum[{w}]))",
+                "sum",
+            ),
+            _stat(
+                f"max by (playbook) (increase(redline_remediation_duration_seconds_count[{w}]))",
+                "count",
+            ),
+        ]
+    )
+
+
+def live_query(period: int) -> str:
+    """Probe coverage, probes' last state, golden-set evaluations and spot aborts (instant)."""
+    w = _dur(period)
+    return "\nor ".join(
+        [
+            _stat(f"count by (region, probe) (count_over_time(llm_probe_success[{w}]))", "seen"),
+            _stat("min by (region, probe) (last_over_time(llm_probe_success[1h]))", "last"),
+            _stat(f"sum(increase(llm_eval_requests_total[{w}]))", "evals"),
+            _stat(f"max(max_over_time(llm_spot_inflight_aborted_ratio[{w}]))", "spot"),
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fetching
+
+HourlySeries = dict[str, dict[float, float]]
+
+
+def _hourly(
+    client: PromClient,
+    query: str,
+    window: Window,
+    by: Sequence[str] = (),
+    previous: bool = True,
+) -> dict[str, dict[float, float]]:
+    """An hour-scoped query evaluated at each hour's last second over both periods.
+
+    Keys are instances; timestamps are moved to the hour's end, so an hour holds the steps of
+    [start, end) and the sample at a period's first second belongs to that period.
+    """
+    first = window.previous.start if previous else window.start
+    result = client.range(query, first + HOUR - 1, window.end - 1, HOUR)
+    out: dict[str, dict[float, float]] = {}
+    for labels, points in result:
+        instance = "/".join(labels.get(name, "") for name in by)
+        out.setdefault(instance, {}).update({ts + 1: v for ts, v in points})
+    return out
+
+
+def fetch_slo_series(client: PromClient, spec: Spec, slo: Slo, window: Window) -> SloSeries:
+    """Hourly events and bad share over this and the previous period, and the 1 h burn."""
+    previous = window.previous
+    hourly = client.range(slo_hourly_query(spec, slo), previous.start + HOUR, window.end, HOUR)
+    stats = {labels.get("stat", ""): dict(points) for labels, points in hourly}
+    burn = client.range(
+        slo_ratio_expr(spec, slo, "1h"), window.start + BURN_STEP, window.end, BURN_STEP
+    )
+    return SloSeries(
+        hourly_total=stats.get("total", {}),
+        hourly_ratio=stats.get("ratio", {}),
+        burn_ratio=[point for _, points in burn for point in points],
+    )
+
+
+def recording_covers(client: PromClient, record: str, window: Window, interval: float) -> bool:
+    """Whether a recording rule has samples over (nearly) all of both periods."""
+    found = client.instant(
+        f"count(count_over_time({record}[{_dur(2 * window.seconds)}]))", window.end
+    )
+    if not found:
+        return False
+    counted = client.instant(
+        f"min(count_over_time({record}[{_dur(2 * window.seconds)}]))", window.end
+    )
+    expected = 2 * window.seconds / interval
+    return bool(counted) and counted[0][1] >= 0.99 * expected
+
+
+def fetch_signal_series(
+    client: PromClient,
+    spec: Spec,
+    defn: SignalDef,
+    window: Window,
+    step: int,
+    recorded: bool = False,
+) -> list[tuple[str, SignalSeries]]:
+    """Hourly worst value and measured / past-the-line steps per instance of one signal."""
+    exprs = signal_exprs(spec, defn, step, recorded)
+    # The previous period only feeds the deltas: time over for red lines, peaks for the rest.
+    red_line = defn.kind == "red_line"
+    steps = _hourly(client, signal_steps_query(exprs, step), window, exprs.by, red_line)
+    peaks = _hourly(client, exprs.peak, window, exprs.by, not (red_line and exprs.peak_costly))
+    thresholds = _hourly(client, exprs.threshold, window, exprs.by) if exprs.threshold else {}
+    p99: dict[str, dict[float, float]] = {}
+    if defn.kind == "rpo":
+        quantiles = client.range(
+            signal_p99_query(exprs, window.seconds, step),
+            window.start - 1,
+            window.end - 1,
+            window.seconds,
+        )
+        for labels, points in quantiles:
+            instance = "/".join(labels.get(name, "") for name in exprs.by)
+            p99[instance] = {ts + 1: v for ts, v in points}
+    out: list[tuple[str, SignalSeries]] = []
+    for instance in sorted(set(steps) | set(peaks)):
+        encoded = steps.get(instance, {})
+        samples = {ts: float(round(v) % ENCODE) for ts, v in encoded.items()}
+        over = {ts: float(round(v) // ENCODE) for ts, v in encoded.items()}
+        limits = thresholds.get(instance, {})
+        out.append(
+            (
+                instance,
+                SignalSeries(
+                    step_seconds=float(step),
+                    hourly_peak=peaks.get(instance, {}),
+                    hourly_over=over,
+                    hourly_samples=samples,
+                    p99=p99.get(instance, {}),
+                    threshold=max(limits.values()) if limits else None,
+                ),
+            )
+        )
+    return out
+
+
+def fetch_remediation(
+    client: PromClient, window: Window
+) -> tuple[RemediationCounts, RemediationCounts]:
+    """Remediation run counts and durations of this period and the previous one."""
+    result = client.range(
+        remediation_query(window.seconds), window.start, window.end, window.seconds
+    )
+    counts: dict[float, dict[str, Any]] = {
+        float(window.start): {"runs": {}, "sum": {}, "count": {}},
+        float(window.end): {"runs": {}, "sum": {}, "count": {}},
+    }
+    measured: set[float] = set()
+    for labels, points in result:
+        stat = labels.get("stat", "")
+        for ts, value in points:
+            if ts not in counts:
+                continue
+            if stat == "runs":
+                measured.add(ts)
+                counts[ts]["runs"][(labels.get("playbook", ""), labels.get("outcome", ""))] = value
+            elif stat in ("sum", "count"):
+                counts[ts][stat][labels.get("playbook", "")] = value
+
+    def build(ts: float) -> RemediationCounts:
+        c = counts[ts]
+        return RemediationCounts(
+            runs=c["runs"],
+            duration_sum=c["sum"],
+            duration_count=c["count"],
+            measured=ts in measured,
+        )
+
+    return build(float(window.end)), build(float(window.start))
+
+
+def fetch_live(client: PromClient, window: Window) -> LiveSignals:
+    """The maturity assessment's live signals over the period."""
+    probes: dict[str, set[str]] = {}
+    failing: set[str] = set()
+    evals: float | None = None
+    spot: float | None = None
+    for labels, value in client.instant(live_query(window.seconds), window.end):
+        stat = labels.get("stat")
+        region, probe = labels.get("region", ""), labels.get("probe", "")
+        if stat == "seen":
+            probes.setdefault(probe, set()).add(region)
+        elif stat == "last" and value == 0:
+            failing.add(f"{region}/{probe}")
+        elif stat == "evals":
+            evals = value
+        elif stat == "spot":
+            spot = value
+    return LiveSignals(
+        probes={k: frozenset(v) for k, v in probes.items()},
+        probes_failing_at_end=frozenset(failing),
+        golden_evaluations=evals,
+        spot_aborted_max=spot,
+    )
+
+
+def fetch_alerts(client: PromClient, window: Window) -> list[AlertSamples]:
+    """Raw samples of firing `ALERTS` over this and the previous period."""
+    raw = client.raw("ALERTS", {"alertstate": "firing"}, window.previous.start, window.end)
+    return [AlertSamples(labels=labels, timestamps=ts) for labels, ts in raw]
+
+
+def detect_step(client: PromClient, spec: Spec, window: Window) -> int:
+    """The time-over resolution: the spec's scrape interval, or the data's if it is coarser.
+
+    Evaluating more often than samples exist adds cost and no information, so the step is
+    the shortest sampling interval of the request series seen in any hour of the window
+    (rounded up to a divisor of an hour), never shorter than the spec's scrape interval.
+    """
+    base = int(math.ceil(spec.timing.scrape_interval_seconds))
+    series = f"{spec.sources.request_duration}_count"
+    found = client.instant(
+        f"max(max_over_time(count_over_time({series}[1h])[{_dur(window.seconds)}:1h]))",
+        window.end,
+    )
+    interval = float(base)
+    if found and found[0][1] > 1:
+        interval = max(interval, HOUR / (found[0][1] - 1))
+    return next(d for d in range(max(1, math.floor(interval * 0.95)), HOUR + 1) if HOUR % d == 0)
+
+
+def fetch_report_input(
+    client: PromClient, spec: Spec, window: Window, step: int | None = None, workers: int = 4
+) -> ReportInput:
+    """Everything `build_report` needs for `window`, read from Prometheus (queries in parallel).
+
+    `step` is the time-over resolution; None picks it with `detect_step`.
+    """
+    client.check()
+    if step is None:
+        step = detect_step(client, spec, window)
+    check_step(step)
+    recorded = recording_covers(
+        client, p99_record(spec), window, spec.timing.evaluation_interval_seconds
+    )
+    notes = [
+        f"P99 latency read from the recording rule {p99_record(spec)}"
+        if recorded
+        else f"P99 latency computed from the raw histogram {spec.sources.request_duration}_bucket "
+        "(its recording rule does not cover the period)"
+    ]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="promquery") as pool:
+        # The costly signal subqueries go first so they overlap with everything else.
+        signal_jobs = {
+            defn.key: pool.submit(fetch_signal_series, client, spec, defn, window, step, recorded)
+            for defn in signal_defs(spec)
+        }
+        slo_jobs = {
+            slo.name: pool.submit(fetch_slo_series, client, spec, slo, window) for slo in spec.slos
+        }
+        remediation_job = pool.submit(fetch_remediation, client, window)
+        alerts_job = pool.submit(fetch_alerts, client, window)
+        live_job = pool.submit(fetch_live, client, window)
+        remediation, remediation_previous = remediation_job.result()
+        return ReportInput(
+            window=window,
+            slos={name: job.result() for name, job in slo_jobs.items()},
+            signals={key: job.result() for key, job in signal_jobs.items()},
+            alerts=alerts_job.result(),
+            remediation=remediation,
+            remediation_previous=remediation_previous,
+            live=live_job.result(),
+            evaluation_interval_seconds=spec.timing.evaluation_interval_seconds,
+            notes=tuple(notes),
+        )

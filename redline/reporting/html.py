@@ -1,0 +1,43 @@
+"""The report as one self-contained HTML page: inline SVG charts, print CSS, no external assets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from redline.reporting import format as f
+from redline.reporting.charts import Chart, build_charts, signal_chart_id
+from redline.slo.report import Report
+
+TEMPLATE = "report.html.j2"
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("redline.reporting", "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+        undefined=StrictUndefined,
+        trim_blocks=False,
+        keep_trailing_newline=True,
+    )
+    env.filters.update(
+        pct=f.pct,
+        rate=f.rate,
+        number=f.number,
+        measure=f.measure,
+        duration=f.duration,
+        when=f.when,
+        status=f.status,
+        signed=f.signed,
+        plain=f.plain,
+    )
+    return env
+
+
+def render_html(report: Report, charts: Mapping[str, Chart] | None = None) -> str:
+    """The whole report as HTML (charts built from the report unless given)."""
+    if charts is None:
+        charts = build_charts(report)
+    template = _environment().get_template(TEMPLATE)
+    return template.render(r=report, charts=dict(charts), chart_id=signal_chart_id)

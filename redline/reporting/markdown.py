@@ -1,0 +1,232 @@
+"""The report as Markdown, for chat and tickets (deterministic)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redline.reporting import format as f
+from redline.slo.report import Report, SignalReport
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A GitHub-flavoured pipe table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def signal_label(sig: SignalReport) -> str:
+    """A signal's name with its instance."""
+    return sig.title + (f" ({sig.instance})" if sig.instance else "")
+
+
+def render_markdown(report: Report) -> str:
+    """The whole report as Markdown."""
+    s = report.summary
+    out = [
+        f"# SLO report: {report.service}",
+        "",
+        f"**Period** {f.when(report.period.start)} to {f.when(report.period.end)} "
+        f"({f.duration(report.period.seconds)}); previous period from "
+        f"{f.when(report.previous_period.start)}.  ",
+        f"Source: Prometheus {report.prometheus}, spec {report.spec_source}, "
+        f"time-over resolution {report.step_seconds:g} s. Generated {f.when(report.generated_at)}.",
+        "",
+        f"**Overall: {f.status(s.status)}**: {s.slos_failing} SLO(s) failing, "
+        f"{s.red_lines_breached} red line(s) crossed, {s.incidents} incident(s) "
+        f"(previous period: {f.number(s.previous_incidents)}), "
+        f"{f.number(s.remediation_runs)} remediation run(s).",
+        "",
+    ]
+    if report.notes:
+        out += ["## Notes", ""] + [f"- {note}" for note in report.notes] + [""]
+    out += ["## SLOs", ""]
+    out += table(
+        [
+            "SLO",
+            "objective",
+            "attained",
+            "status",
+            "budget (bad events)",
+            "consumed",
+            "remaining",
+            "peak burn (1 h)",
+            "current burn",
+            "worst hour",
+        ],
+        [
+            [
+                slo.name,
+                f.pct(slo.objective),
+                f.pct(slo.attainment),
+                f.status(slo.status),
+                f.number(slo.budget_allowed_bad),
+                f.pct(slo.budget_consumed),
+                f.pct(slo.budget_remaining),
+                f.rate(slo.burn_rate_peak)
+                + (f" at {f.when(slo.burn_rate_peak_at)}" if slo.burn_rate_peak_at else ""),
+                f.rate(slo.burn_rate_current),
+                f"{f.when(slo.worst_hour)} ({f.pct(slo.worst_hour_error_ratio)} bad)"
+                if slo.worst_hour
+                else f.NA,
+            ]
+            for slo in report.slos
+        ],
+    )
+    out += [""]
+    out += ["## Red lines", ""]
+    out += table(
+        [
+            "red line",
+            "objective",
+            "status",
+            "time over",
+            "within",
+            "peak",
+            "worst hour",
+            "incidents",
+        ],
+        [
+            [
+                signal_label(sig),
+                sig.objective,
+                f.status(sig.status),
+                f.duration(sig.seconds_over),
+                f.pct(sig.attained),
+                f.measure(sig.peak, sig.unit),
+                f"{f.when(sig.worst_hour)} ({f.duration(sig.worst_hour_seconds_over)} over)"
+                if sig.worst_hour
+                else f.NA,
+                str(sig.incidents),
+            ]
+            for sig in report.red_lines
+        ],
+    )
+    out += ["", "## Recovery-point objectives", ""]
+    out += table(
+        ["target", "objective", "status", "max", "p99", "time over", "incidents"],
+        [
+            [
+                signal_label(sig),
+                sig.objective,
+                f.status(sig.status),
+                f.measure(sig.peak, sig.unit),
+                f.measure(sig.p99, sig.unit),
+                f.duration(sig.seconds_over),
+                str(sig.incidents),
+            ]
+            for sig in report.rpos
+        ],
+    )
+    out += ["", "## Embedding drift", ""]
+    out += table(
+        ["collection/method", "threshold", "status", "peak", "peak hour", "time over"],
+        [
+            [
+                sig.instance or f.NA,
+                f.measure(sig.threshold, sig.unit),
+                f.status(sig.status),
+                f.measure(sig.peak, sig.unit),
+                f.when(sig.peak_hour),
+                f.duration(sig.seconds_over),
+            ]
+            for sig in report.drift
+        ],
+    )
+    out += ["", "## Incidents", ""]
+    if report.incidents:
+        out += table(
+            ["start", "end", "duration", "alert", "severity", "labels"],
+            [
+                [
+                    f.when(i.start) + (" (before period)" if i.started_before_period else ""),
+                    "ongoing" if i.ongoing else f.when(i.end),
+                    f.duration(i.duration_seconds),
+                    i.alert,
+                    i.severity,
+                    ", ".join(f"{k}={v}" for k, v in i.labels.items()),
+                ]
+                for i in report.incidents
+            ],
+        )
+    else:
+        out += ["No alert fired in the period."]
+    out += ["", "## Remediation runs", ""]
+    if report.remediation:
+        out += table(
+            ["playbook", "outcome", "runs", "previous period", "mean duration"],
+            [
+                [
+                    r.playbook,
+                    r.outcome,
+                    f.number(r.runs),
+                    f.number(r.previous_runs),
+                    f.duration(r.mean_duration_seconds),
+                ]
+                for r in report.remediation
+            ],
+        )
+    else:
+        out += ["No remediation run in the period."]
+    if report.remediation_jobs:
+        out += ["", "Jobs from the receiver's job store:", ""]
+        out += table(
+            ["started", "playbook", "outcome", "duration", "job"],
+            [
+                [f.when(j.started), j.playbook, j.outcome, f.duration(j.duration_seconds), j.id]
+                for j in report.remediation_jobs
+            ],
+        )
+    out += ["", "## Calendar (attainment per UTC day)", ""]
+    slo_names = [slo.name for slo in report.slos]
+    line_keys = [sig.key for sig in report.red_lines]
+    out += table(
+        ["day", *slo_names, "red-line time over", "incidents"],
+        [
+            [
+                f.day(d.day),
+                *[
+                    f.pct(d.slo_attainment.get(n)) + (" !" if d.slo_status.get(n) == "fail" else "")
+                    for n in slo_names
+                ],
+                f.duration(sum(d.red_line_seconds_over.get(k, 0.0) for k in line_keys)),
+                str(d.incidents),
+            ]
+            for d in report.calendar
+        ],
+    )
+    out += ["", "`!` marks a day below the objective.", "", "## Against the previous period", ""]
+    out += table(
+        ["subject", "metric", "this period", "previous", "change"],
+        [
+            [
+                d.subject,
+                d.metric,
+                f.plain(d.current, d.unit),
+                f.plain(d.previous, d.unit),
+                f.signed(d.change, d.unit),
+            ]
+            for d in report.deltas
+        ],
+    )
+    m = report.maturity
+    out += [
+        "",
+        "## Disaster-recovery maturity",
+        "",
+        f"**Level {m.level}: {m.level_name}.**"
+        + (f" Missing for level {m.next_level}:" if m.next_level else " Every level holds."),
+        "",
+    ]
+    out += [f"- {item}" for item in m.missing_for_next]
+    out += [""]
+    out += table(
+        ["level", "requirement", "status", "evidence"],
+        [[str(c.level), c.requirement, c.status.replace("_", " "), c.evidence] for c in m.checks],
+    )
+    out += [""]
+    return "\n".join(out)
