@@ -450,18 +450,14 @@ def fetch_slo_series(client: PromClient, spec: Spec, slo: Slo, window: Window) -
     )
 
 
-def recording_covers(client: PromClient, record: str, window: Window, interval: float) -> bool:
-    """Whether a recording rule has samples over (nearly) all of both periods."""
+def recording_covers(client: PromClient, record: str, window: Window) -> bool:
+    """Whether a recording rule has samples in (nearly) every hour of the window."""
     found = client.instant(
-        f"count(count_over_time({record}[{_dur(2 * window.seconds)}]))", window.end
+        f"count_over_time(max(count_over_time({record}[1h]))[{_dur(window.seconds - 1)}:1h])",
+        window.end,
     )
-    if not found:
-        return False
-    counted = client.instant(
-        f"min(count_over_time({record}[{_dur(2 * window.seconds)}]))", window.end
-    )
-    expected = 2 * window.seconds / interval
-    return bool(counted) and counted[0][1] >= 0.99 * expected
+    hours = window.seconds // HOUR
+    return bool(found) and found[0][1] >= 0.99 * hours
 
 
 def fetch_signal_series(
@@ -608,9 +604,7 @@ def fetch_report_input(
     if step is None:
         step = detect_step(client, spec, window)
     check_step(step)
-    recorded = recording_covers(
-        client, p99_record(spec), window, spec.timing.evaluation_interval_seconds
-    )
+    recorded = recording_covers(client, p99_record(spec), window)
     notes = [
         f"P99 latency read from the recording rule {p99_record(spec)}"
         if recorded
