@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 import redis
 
-from redline.platform.deltalog import DeltaLog, parse_stream_id, vector_checksum
+from redline.platform.deltalog import (
+    DeltaLog,
+    DeltaLogError,
+    Entry,
+    parse_entry,
+    parse_stream_id,
+    vector_checksum,
+)
 from redline.platform.processes import Service
 from redline.platform.vectorindex import (
     IndexConfig,
@@ -107,10 +114,32 @@ def test_writer_logs_every_write_then_applies_it_to_the_primary(index: Index) ->
     assert np.array_equal(np.frombuffer(first[b"vector"], "<f4"), vectors[0])
     assert first[b"checksum"].decode() == vector_checksum(vectors[0])
     assert raw[-1][1][b"op"] == b"d" and raw[-1][1][b"vector"] == b""
+    # the packed server-side read decodes exactly what XRANGE holds
+    assert _same_entries(
+        index.log.read_after("0-0", 100), [parse_entry(sid, f, DIM) for sid, f in raw]
+    )
     expected: dict[str, np.ndarray | None] = {f"doc-{i}": vectors[i] for i in range(10)}
     expected["doc-3"] = None
     _expect_state(index.primary, expected)
     assert index.replica.count() == 0  # nothing replicated yet: no replicator ran
+
+
+def _same_entries(got: list[Entry], want: list[Entry]) -> bool:
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert (a.stream_id, a.op, a.id, a.region, a.ts_ms, a.checksum) == (
+            b.stream_id, b.op, b.id, b.region, b.ts_ms, b.checksum,
+        )  # fmt: skip
+        assert (a.vector is None and b.vector is None) or np.array_equal(a.vector, b.vector)
+    return True
+
+
+def test_a_malformed_entry_stops_the_replay_with_its_id(index: Index) -> None:
+    index.writer.upsert("ok", _vectors(1, 10)[0])
+    bad = index.redis.xadd(index.log.stream_key, {"op": "u", "id": "broken", "vector": b"xx"})
+    with pytest.raises(DeltaLogError, match=rf"entry {bad.decode()}: malformed"):
+        replay_delta_log(index.log, index.replica, batch_size=10)
+    assert index.log.target_state("replica").checkpoint != bad.decode()  # nothing skipped
 
 
 def test_freeze_1000_writes_replay_verifies_every_write_then_unfreeze(index: Index) -> None:

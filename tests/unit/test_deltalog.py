@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import struct
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from redline.platform.deltalog import (
     check_id,
     check_region,
     parse_entry,
+    parse_packed,
     parse_stream_id,
     stream_id_before,
     to_vector,
@@ -38,6 +40,31 @@ def test_entries_round_trip_with_exact_vectors_and_checksums() -> None:
     assert entry.checksum == vector_checksum(vector) and len(entry.checksum) == 32
     gone = parse_entry("6-0", _fields("d", "doc:1", None), 4)
     assert gone.op == "delete" and gone.vector is None and gone.checksum == ""
+
+
+def _packed(op: bytes, sid: bytes, row_id: bytes, ts: bytes, vector: bytes) -> bytes:
+    """What the read script returns for one entry."""
+    region, checksum = b"eu", b"c" * 32
+    head = struct.pack(">cHHHHHI", op, len(sid), len(row_id), len(region), len(ts), 32, len(vector))
+    return head + sid + row_id + region + ts + checksum + vector
+
+
+def test_packed_entries_decode_like_stream_fields() -> None:
+    vector = np.arange(4, dtype=np.float32)
+    entry = parse_packed(_packed(b"u", b"9-2", b"doc", b"77", vector.tobytes()), 4)
+    assert (entry.stream_id, entry.op, entry.id, entry.region, entry.ts_ms) == (
+        "9-2", "upsert", "doc", "eu", 77,
+    )  # fmt: skip
+    assert entry.vector is not None and entry.vector.tobytes() == vector.tobytes()
+    assert parse_packed(_packed(b"d", b"9-3", b"doc", b"78", b""), 4).op == "delete"
+    with pytest.raises(DeltaLogError, match=r"entry 9-4: vector has 8 bytes, expected 16"):
+        parse_packed(_packed(b"u", b"9-4", b"doc", b"1", b"\0" * 8), 4)
+    with pytest.raises(DeltaLogError, match=r"entry 9-5: malformed"):
+        parse_packed(_packed(b"u", b"9-5", b"doc", b"", b""), 4)
+    with pytest.raises(DeltaLogError, match=r"entry 9-6: unknown op b'\?'"):
+        parse_packed(_packed(b"?", b"9-6", b"doc", b"1", b""), 4)
+    with pytest.raises(DeltaLogError, match="truncated"):
+        parse_packed(b"u\0", 4)
 
 
 def test_malformed_entries_name_the_entry_and_the_problem() -> None:
