@@ -8,6 +8,8 @@ STAMP := $(VENV)/.installed
 APT_NEEDED := $(shell command -v prometheus >/dev/null && command -v promtool >/dev/null || echo prometheus) \
               $(shell command -v prometheus-alertmanager >/dev/null && command -v amtool >/dev/null || echo prometheus-alertmanager) \
               $(shell command -v redis-server >/dev/null || echo redis-server) \
+              $(shell command -v chromium >/dev/null || echo chromium) \
+              $(shell command -v pdftoppm >/dev/null || echo poppler-utils) \
               $(shell command -v docker-compose >/dev/null || echo docker-compose)
 PYTEST_ARGS ?=
 
