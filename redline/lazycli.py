@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
+
+# typer >= 0.29 carries its own copy of click (typer._click) while older releases use click
+# itself, so the click types stay loose here.
+ClickCommand = Any
+ClickContext = Any
 
 LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli_exporters": ("exporters", "snapshot"),
@@ -29,7 +34,7 @@ class LazyCommandError(Exception):
     """A lazy module did not register the commands it is listed with."""
 
 
-def load_module_commands(module_name: str) -> dict[str, click.Command]:
+def load_module_commands(module_name: str) -> dict[str, ClickCommand]:
     """Import a command module, let it register on a scratch app, return its click commands."""
     module = importlib.import_module(module_name)
     register: Callable[[typer.Typer], None] = module.register
@@ -53,12 +58,12 @@ def load_module_commands(module_name: str) -> dict[str, click.Command]:
 class LazyGroup(TyperGroup):
     """A typer group whose listed-but-not-yet-loaded commands are imported on demand."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: ClickContext) -> list[str]:
         """Eager commands first, then every lazy one."""
         lazy = [name for names in LAZY_MODULES.values() for name in names]
         return [*super().list_commands(ctx), *[n for n in lazy if n not in self.commands]]
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: ClickContext, cmd_name: str) -> ClickCommand | None:
         """The command, importing its module the first time it is asked for."""
         if cmd_name not in self.commands:
             for module_name, names in LAZY_MODULES.items():
