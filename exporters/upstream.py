@@ -168,6 +168,11 @@ class UpstreamResponse:
         """Release the connection: back to the pool if the body was read, else closed."""
         self._release()
 
+    def abort(self) -> None:
+        """Release the connection now, from any task: a read waiting on it fails at once with
+        UpstreamProtocolError (the gateway aborts a stream this way when a node is drained)."""
+        self._release()
+
 
 async def _read_chunk(reader: asyncio.StreamReader) -> bytes | None:
     """One chunk's data, or None after the last chunk and its trailers."""

@@ -5,7 +5,15 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 PlaybookName = Literal[
     "semantic_rollback",
@@ -244,6 +252,95 @@ class TimingOverride(_Model):
     )
 
 
+SpotProvider = Literal["aws", "gcp"]
+"""Clouds whose spot/preemptible notice the spot agent reads."""
+
+
+class SpotNoticeWindows(_Model):
+    """How long before termination each cloud announces a spot/preemptible interruption."""
+
+    aws: PositiveFloat = Field(
+        120, description="AWS EC2 spot interruption notice (the two-minute warning)."
+    )
+    gcp: PositiveFloat = Field(30, description="GCP spot/preemptible VM preemption notice.")
+
+
+class Spot(_Model):
+    """Spot GPU preemption: the drain budget, in-flight triage, and their targets.
+
+    drain budget = notice - detection delay - ingress removal - safety margin; an in-flight
+    request continues when remaining tokens x time per output token <= continue_factor x budget
+    and is aborted (with a recoverable error, then retried elsewhere) otherwise.
+    """
+
+    notice_seconds: SpotNoticeWindows = Field(
+        default_factory=SpotNoticeWindows, description="Notice window per provider."
+    )
+    detection_delay_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="Worst case from the notice appearing to the agent seeing it (AWS is polled; "
+        "the GCP long-poll answers at once).",
+    )
+    ingress_removal_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="Time until load balancers and gateways stop sending new requests to the node.",
+    )
+    safety_margin_seconds: float = Field(
+        10.0, ge=0, description="Kept free before termination (late tokens, flushing, clock skew)."
+    )
+    continue_factor: float = Field(
+        0.85,
+        gt=0,
+        le=1,
+        description="Continue a request when remaining tokens x TPOT <= this x the drain budget.",
+    )
+    notice_to_draining_p95_seconds: PositiveFloat = Field(
+        5.0, description="Target p95 of notice -> DRAINING (admission closed, triage done)."
+    )
+    readiness_timeout_seconds: PositiveFloat = Field(
+        600.0,
+        description="Longest wait for a replacement to pass the readiness gate (health, model "
+        "loaded, dummy inference) before the agent gives up and keeps admission closed.",
+    )
+    alert_window: Duration = Field(
+        "1h", description="Window of the notice -> DRAINING p95 the alert compares to its target."
+    )
+    playbook: PlaybookName | None = Field(
+        "spot_drain", description="Playbook run when a preemption notice alert fires."
+    )
+
+    def notice_for(self, provider: str) -> float:
+        """The notice window of `provider` (ValueError for an unknown one)."""
+        if provider not in SpotNoticeWindows.model_fields:
+            allowed = ", ".join(SpotNoticeWindows.model_fields)
+            raise ValueError(f"unknown spot provider {provider!r}; allowed: {allowed}")
+        return float(getattr(self.notice_seconds, provider))
+
+    def drain_budget(self, provider: str) -> float:
+        """notice - detection delay - ingress removal - safety margin, for `provider`."""
+        return (
+            self.notice_for(provider)
+            - self.detection_delay_seconds
+            - self.ingress_removal_seconds
+            - self.safety_margin_seconds
+        )
+
+    @model_validator(mode="after")
+    def _positive_budgets(self) -> Spot:
+        for provider in SpotNoticeWindows.model_fields:
+            budget = self.drain_budget(provider)
+            if budget <= 0:
+                raise ValueError(
+                    f"the {provider} drain budget is {budget:g} s: notice_seconds.{provider} "
+                    f"({self.notice_for(provider):g}) must exceed detection_delay_seconds + "
+                    "ingress_removal_seconds + safety_margin_seconds "
+                    f"({self.notice_for(provider) - budget:g})"
+                )
+        return self
+
+
 class Receiver(_Model):
     """Where Alertmanager sends alerts for remediation."""
 
@@ -275,6 +372,7 @@ class Spec(_Model):
         default_factory=dict, description="Named timing profiles, applied with --profile."
     )
     receiver: Receiver = Field(default_factory=Receiver)
+    spot: Spot = Field(default_factory=Spot, description="Spot GPU preemption handling.")
 
     @field_validator("regions")
     @classmethod

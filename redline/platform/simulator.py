@@ -21,6 +21,15 @@ Conventions:
   prompts get `max_tokens` deterministic filler words.
 - `?dry-run=true` validates the request (model, body) and answers at once without generating;
   outage and error faults and the region's added latency still apply (it is a health probe).
+- Assistant prefill as in vLLM: with `continue_final_message: true` (and `add_generation_prompt:
+  false`; both true is a 400) the last message must be the assistant's, and the answer continues
+  it: the words after the prefix's, as if the whole answer had been generated in one go, so a
+  stream interrupted and resumed elsewhere joins up with what an uninterrupted one would say.
+- Each process is one instance: answers carry its id in `x-redline-instance`, so a readiness gate
+  can tell a replacement from the node it replaces. `load_seconds` simulates loading the model after start:
+  until then `/v1/models` lists nothing and completions answer 503.
+- `/admin/stats` counts completions per `x-request-id` (the last 10 000 ids), so a test can prove
+  a request ran once.
 
 Fault knobs (`GET`/`POST /admin/faults`, the `Faults` model; a POST replaces every knob, 422 on
 bad input): added latency (base + uniform or lognormal jitter), error rate and status, outage
@@ -58,6 +67,7 @@ from redline.platform.golden import MODEL_VERSION_HEADER, find_golden
 from redline.settings import ServiceSettings
 
 REGION_HEADER = "x-redline-region"
+INSTANCE_HEADER = "x-redline-instance"
 DEFAULT_SIMULATOR_PORT = 8000
 M = TypeVar("M", bound=BaseModel)
 _VERSION = re.compile(r"^[\x21-\x7e]{1,128}$")
@@ -147,6 +157,9 @@ class SimulatorSettings(ServiceSettings):
     max_model_len: int = Field(4096, ge=1, description="Largest max_tokens accepted.")
     seed: int | None = Field(None, description="Seed of the fault dice (None: random).")
     faults: Faults = Field(default_factory=Faults, description="Faults active at start.")
+    load_seconds: float = Field(
+        0.0, ge=0, le=3600, description="Time after start until the model is loaded."
+    )
 
 
 class SimulatorError(Exception):
@@ -235,6 +248,8 @@ class ChatRequest(BaseModel):
     stream: bool = False
     stream_options: _StreamOptions | None = None
     n: int = Field(1, ge=1, le=1)
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
 
 
 class _LoadRequest(BaseModel):
@@ -296,6 +311,21 @@ class SimulatorState:
     base: ServedModel
     adapters: dict[str, ServedModel] = field(default_factory=dict)
     counts: Counter[str] = field(default_factory=Counter)
+    request_ids: dict[str, int] = field(default_factory=dict)
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    loaded_at: float = 0.0
+
+    def loaded(self) -> bool:
+        """True once the model has finished loading."""
+        return time.monotonic() >= self.loaded_at
+
+    def count_request(self, request_id: str | None) -> None:
+        """Count a completion of `request_id` (bounded: the oldest ids are forgotten)."""
+        if not request_id:
+            return
+        self.request_ids[request_id] = self.request_ids.get(request_id, 0) + 1
+        while len(self.request_ids) > 10_000:
+            del self.request_ids[next(iter(self.request_ids))]
 
     def resolve(self, model: str) -> ServedModel | None:
         """The served model a request's `model` names, or None."""
@@ -315,6 +345,7 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
         faults=settings.faults,
         rng=random.Random(settings.seed),
         base=ServedModel(settings.base_model, settings.base_model_version),
+        loaded_at=time.monotonic() + settings.load_seconds,
     )
     for name, path in settings.adapters.items():
         try:
@@ -334,7 +365,7 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
         )
 
     def headers(served: ServedModel | None = None) -> dict[str, str]:
-        out = {REGION_HEADER: settings.region}
+        out = {REGION_HEADER: settings.region, INSTANCE_HEADER: state.instance}
         if served is not None:
             out[MODEL_VERSION_HEADER] = served.version
         return out
@@ -365,8 +396,10 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
         down = await outage(request)
         if down is not None:
             return down
-        cards = [_card(state.base, None, settings.max_model_len)]
-        cards += [_card(a, state.base.name, None) for a in state.adapters.values()]
+        cards = []
+        if state.loaded():  # a model still loading is not listed yet
+            cards = [_card(state.base, None, settings.max_model_len)]
+            cards += [_card(a, state.base.name, None) for a in state.adapters.values()]
         return JSONResponse({"object": "list", "data": cards}, headers=headers())
 
     @app.post("/v1/load_lora_adapter")
@@ -427,6 +460,20 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             return _error(
                 400, "Stream options can only be defined when `stream=True`.", "BadRequestError"
             )
+        if parsed.continue_final_message and parsed.add_generation_prompt:
+            return _error(
+                400,
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "BadRequestError",
+            )
+        if parsed.continue_final_message and parsed.messages[-1].role != "assistant":
+            return _error(
+                400,
+                "`continue_final_message` needs the final message to be the assistant's.",
+                "BadRequestError",
+            )
+        if not state.loaded():
+            return _error(503, "the model is still loading", "ServiceUnavailableError")
         served = state.resolve(parsed.model)
         if served is None:
             return _error(
@@ -470,9 +517,15 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             and version_faults.wrong_answer_probability > 0
             and state.rng.random() < version_faults.wrong_answer_probability
         )
-        prompt = parsed.messages[-1].text()
-        tokens, finish = build_answer(prompt, parsed.model, max_tokens, wrong)
+        prefix = parsed.messages[-1].text() if parsed.continue_final_message else ""
+        asked = [m for m in parsed.messages if m.role != "assistant"] or parsed.messages
+        prompt = asked[-1].text() if prefix else parsed.messages[-1].text()
+        skip = count_tokens(prefix)
+        tokens, finish = build_answer(prompt, parsed.model, skip + max_tokens, wrong)
+        tokens = tokens[skip:]
+        joiner = " " if prefix and not prefix[-1].isspace() else ""
         state.counts["completions"] += 1
+        state.count_request(request.headers.get("x-request-id"))
         state.counts[f"version:{served.version}"] += 1
         if faults.first_byte_delay_seconds > 0:
             await asyncio.sleep(faults.first_byte_delay_seconds)
@@ -493,6 +546,7 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
                 finish,
                 usage if include_usage else None,
                 faults.tokens_per_second,
+                joiner,
             )
             return StreamingResponse(
                 events,
@@ -509,7 +563,7 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": " ".join(tokens)},
+                    "message": {"role": "assistant", "content": joiner + " ".join(tokens)},
                     "logprobs": None,
                     "finish_reason": finish,
                 }
@@ -531,6 +585,8 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return {
             "region": settings.region,
+            "instance": state.instance,
+            "request_ids": dict(state.request_ids),
             "counts": dict(state.counts),
             "adapters": {
                 a.name: {"version": a.version, "path": a.path} for a in state.adapters.values()
@@ -595,6 +651,7 @@ async def _stream(
     finish: str,
     usage: dict[str, int] | None,
     tokens_per_second: float | None,
+    joiner: str = "",
 ) -> AsyncGenerator[bytes, None]:
     with_usage = usage is not None
     yield _chunk(
@@ -607,7 +664,7 @@ async def _stream(
             wait = started + (index + 1) / tokens_per_second - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-        text = token if index == 0 else f" {token}"
+        text = joiner + token if index == 0 else f" {token}"
         yield _chunk(completion_id, created, model, {"content": text}, None, with_usage)
     yield _chunk(completion_id, created, model, {}, finish, with_usage)
     if usage is not None:
