@@ -65,8 +65,8 @@ class ReportRunError(RuntimeError):
 class ReportScheduleSettings(ServiceSettings):
     """Settings of `redline report schedule` (`REDLINE_*` env, `--config FILE`, flags)."""
 
-    cron: str = Field(description="Crontab (5 fields, UTC) or 6 fields with seconds first.")
-    prometheus: str = Field(description="Prometheus base URL.")
+    cron: str | None = Field(None, description="Crontab (5 fields, UTC) or 6 with seconds first.")
+    prometheus: str | None = Field(None, description="Prometheus base URL.")
     name: str = Field("default", pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Schedule id.")
     period: str = Field("7d", description="Length of each report, ending at the tick's hour.")
     formats: str = Field("md,html,csv,json", description="Formats of each report.")
@@ -177,6 +177,10 @@ def folder_name(tick: datetime) -> str:
 
 def build_job_config(settings: ReportScheduleSettings) -> JobConfig:
     """Validate the settings into a job config; ScheduleError on bad input."""
+    if not settings.cron:
+        raise ScheduleError('--cron is required, e.g. --cron "0 6 * * 1" (Mondays 06:00 UTC)')
+    if not settings.prometheus:
+        raise ScheduleError("--prometheus URL is required")
     parse_cron(settings.cron)
     try:
         seconds = int(parse_duration(settings.period))
