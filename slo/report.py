@@ -705,7 +705,7 @@ def build_incidents(
             stop = run.last + interval
             if stop <= window.start or run.first >= window.end:
                 continue
-            ongoing = stop > window.end
+            ongoing = stop >= window.end
             end = min(stop, window.end)
             labels = {k: v for k, v in sorted(series.labels.items()) if k not in _INCIDENT_HIDDEN}
             found.append(
