@@ -266,6 +266,21 @@ def build_alerts_router(state: ReceiverState) -> APIRouter:
     return router
 
 
+def _query_problem(request: Request, allowed: tuple[str, ...]) -> JSONResponse | None:
+    """422 for an unknown or repeated query parameter: a typo must not widen a listing."""
+    names = [name for name, _ in request.query_params.multi_items()]
+    unknown = sorted({name for name in names if name not in allowed})
+    if unknown:
+        accepted = ", ".join(allowed) or "none"
+        return _problem(
+            422, f"unknown query parameter(s): {', '.join(map(repr, unknown))}; allowed: {accepted}"
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        return _problem(422, f"query parameter given more than once: {', '.join(repeated)}")
+    return None
+
+
 def build_jobs_router(state: ReceiverState) -> APIRouter:
     """`GET /jobs`, `GET /jobs/{job_id}`."""
     router = APIRouter(tags=["jobs"])
@@ -277,10 +292,17 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
         "/jobs/{job_id}",
         response_model=Job,
         dependencies=[Depends(authorized)],
-        responses={**_ERRORS, 404: {"model": Problem, "description": "No such job."}},
+        responses={
+            **_ERRORS,
+            404: {"model": Problem, "description": "No such job."},
+            422: {"model": Problem, "description": "Malformed job id or query."},
+        },
         summary="One job with its plan and recorded steps.",
     )
-    async def get_job(job_id: Annotated[str, Path(pattern=JOB_ID)]) -> Response:
+    async def get_job(request: Request, job_id: Annotated[str, Path(pattern=JOB_ID)]) -> Response:
+        problem = _query_problem(request, ())
+        if problem is not None:
+            return problem
         try:
             job = await state.store.get(job_id)
         except redis.RedisError:
@@ -293,14 +315,18 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
         "/jobs",
         response_model=JobList,
         dependencies=[Depends(authorized)],
-        responses=_ERRORS,
+        responses={**_ERRORS, 422: {"model": Problem, "description": "Bad query parameter."}},
         summary="Recent jobs, newest first, filtered by playbook and status.",
     )
     async def list_jobs(
+        request: Request,
         playbook: Annotated[str | None, Query(max_length=64)] = None,
         status: JobStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> Response:
+        problem = _query_problem(request, ("playbook", "status", "limit"))
+        if problem is not None:
+            return problem
         try:
             jobs = await state.store.list_jobs(playbook, status, limit)
         except redis.RedisError:

@@ -16,7 +16,7 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 MAX_ALERTS = 1000
 """Alerts per payload (Alertmanager's `max_alerts` is unbounded by default; the body limit too)."""
@@ -30,6 +30,13 @@ PLAYBOOK_LABEL = "playbook"
 
 DRY_RUN_KEY = "dry_run"
 """A label or annotation `dry_run: "true"` asks for the plan only, whatever the settings say."""
+
+
+def _integral(value: object) -> object:
+    # JSON has one number type: 2.0 is the integer 2 (as JSON Schema says), 2.5 is not.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 class _Model(BaseModel):
@@ -73,7 +80,7 @@ class WebhookPayload(_Model):
     group_key: Annotated[str, StringConstraints(max_length=8192)] = Field(
         alias="groupKey", description="Identifies the alert group (route + group labels)."
     )
-    truncated_alerts: int = Field(
+    truncated_alerts: Annotated[int, BeforeValidator(_integral)] = Field(
         0, ge=0, alias="truncatedAlerts", description="Alerts left out because of max_alerts."
     )
     status: Literal["firing", "resolved"] = Field(description="firing if any alert fires.")

@@ -302,6 +302,14 @@ def test_jobs_api_shows_jobs_and_filters_them(
         assert get("/jobs?limit=1").json()["jobs"][0]["id"] in ids
         assert get("/jobs?status=bogus").status_code == 422
         assert get("/jobs?limit=0").status_code == 422
+        typo = get("/jobs?playbok=counter")
+        assert typo.status_code == 422
+        assert typo.json()["message"] == (
+            "unknown query parameter(s): 'playbok'; allowed: playbook, status, limit"
+        )
+        twice = get("/jobs?playbook=counter&playbook=broken")
+        assert twice.status_code == 422 and "more than once: playbook" in twice.json()["message"]
+        assert get(f"/jobs/{ids[0]}?verbose=1").status_code == 422
 
 
 def test_metrics_exposition_is_valid_and_has_no_created_series(
