@@ -31,8 +31,10 @@ services:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(strip $(APT_NEEDED)) >/dev/null; \
 	fi
 
+# The stack stays up after the drills; `make demo DEMO_ARGS=--once` stops it.
+DEMO_ARGS ?=
 demo: setup
-	$(REDLINE) demo
+	$(REDLINE) demo $(DEMO_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

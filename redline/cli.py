@@ -164,8 +164,24 @@ def demo(
     out: Annotated[
         Path, typer.Option("--out", help="Where the demo writes its generated tree.")
     ] = Path(".redline/demo"),
+    run_dir: Annotated[
+        Path, typer.Option("--run-dir", help="Run directory of the local stack.")
+    ] = Path(".redline/run"),
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Stop the stack after the drills instead of leaving it up."),
+    ] = False,
+    check_only: Annotated[
+        bool, typer.Option("--check-only", help="Only generate and check; start no stack.")
+    ] = False,
+    rate: Annotated[
+        float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
+    ] = 50.0,
 ) -> None:
-    """Validate the spec, generate everything, run promtool/amtool, and summarize the result."""
+    """Generate and check everything, start the local stack, run every drill, print timings.
+
+    The stack stays up afterwards with its URLs printed (`--once` stops it).
+    """
     loaded, outputs = _generated(spec, None)
     console.print(f"spec {loaded.source}: valid ({len(loaded.warnings)} warning(s))", markup=False)
     write_outputs(out, outputs)
@@ -183,6 +199,11 @@ def demo(
     summarize(loaded, None)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+    if check_only:
+        return
+    from redline.cli_stack import run_demo
+
+    run_demo(run_dir, spec, once, rate)
 
 
 from redline.cli_report import register as register_report  # noqa: E402

@@ -61,8 +61,11 @@ SpecOpt = Annotated[
 ]
 
 
+_STARTED = time.monotonic()
+
+
 def _say(line: str) -> None:
-    err.print(line, markup=False)
+    err.print(f"[{time.monotonic() - _STARTED:5.1f} s] {line}", markup=False)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -145,8 +148,8 @@ def up(
         typer.Option("--port", help="PART=PORT to pin a part's port (repeatable)."),
     ] = None,
     rate: Annotated[
-        float, typer.Option("--rate", min=1.0, help="Load generator requests per second.")
-    ] = 30.0,
+        float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
+    ] = 50.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
 ) -> None:
     """Start the local stack (every part detached) and print where everything is."""

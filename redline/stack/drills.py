@@ -108,6 +108,8 @@ class DrillResult:
     resolved_notified_at: float | None = None
     lost: int | None = None
     lost_detail: str = ""
+    failed_requests: int | None = None
+    failed_detail: str = ""
     expect_alert: bool = True
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -183,6 +185,8 @@ class DrillResult:
             "within_budget": self.within_budget,
             "lost": self.lost,
             "lost_detail": self.lost_detail,
+            "failed_requests": self.failed_requests,
+            "failed_detail": self.failed_detail,
             "job_id": self.job_id,
             "checks": [vars(check) for check in self.checks],
             "notes": list(self.notes),
@@ -321,11 +325,11 @@ class StackProbe:
             versions[region] = stats["adapters"].get(ADAPTER, {}).get("version", "none")
         return versions
 
-    def loadgen_failures(self) -> int:
-        """Requests the load generator saw fail (transport errors and non-200 answers)."""
+    def loadgen_failures(self) -> dict[str, int]:
+        """Requests the load generator saw fail so far, by HTTP status (or `error`)."""
         stats = summarize_stats(self.layout.loadgen_stats) or {}
-        statuses = stats.get("statuses", {})
-        return int(sum(n for status, n in statuses.items() if status != "200"))
+        statuses: dict[str, int] = stats.get("statuses", {})
+        return {status: int(n) for status, n in statuses.items() if status != "200"}
 
 
 @dataclass
@@ -548,7 +552,6 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
     require_quiet(ctx, result, labels)
     store = RoutingStore.from_url(ctx.endpoints.redis_url, regions=tuple(ctx.endpoints.regions))
     saved = ctx.probe.faults(primary)
-    failures_before = ctx.probe.loadgen_failures()
     try:
         override = store.get_override()
         if override is not None:
@@ -596,9 +599,7 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
     finally:
         ctx.probe.set_faults(primary, saved)
         store.close()
-    lost = ctx.probe.loadgen_failures() - failures_before
-    result.lost = lost
-    result.lost_detail = f"{lost} user requests failed during the drill"
+    result.lost_detail = "n/a: a reroute moves requests, it writes no data"
     return result
 
 
@@ -903,24 +904,28 @@ def _restore_good(ctx: DrillContext, version: str) -> None:
     _set_version_faults(ctx, version, None)
 
 
-def _counter_crossing(
-    ctx: DrillContext, version: str, start: float, end: float, needed: float
-) -> float | None:
-    """When the version's request counter first grew by `needed` since `start` (a scrape's
-    time, minus one scrape interval: the crossing happened within the interval before)."""
-    step = ctx.spec.timing.scrape_interval_seconds
+def _gate_onset(ctx: DrillContext, version: str, start: float, end: float) -> float | None:
+    """When the gate's traffic and accuracy conditions first both held: the first rule
+    evaluation at or after `start` where the recorded request count reached `min_samples` and
+    the recorded accuracy was below the baseline by more than the drop, less one scrape and one
+    evaluation interval (both may have held that much earlier). The latency condition holds
+    from the first slow request on and is checked separately."""
+    gate = ctx.spec.rollback
+    timing = ctx.spec.timing
+    records = rollback_records(ctx.spec)
+    selector = f'{{model="{ADAPTER}",model_version="{version}"}}'
     query = (
-        f'sum(llm_request_duration_seconds_count{{model="{ADAPTER}",model_version="{version}"}})'
+        f"({records['requests']}{selector} >= {gate.min_samples})\n"
+        f"and on (model, model_version)\n"
+        f"(max by (model, model_version) (model_baseline_accuracy_ratio{selector})\n"
+        f" - on (model, model_version) {records['accuracy']}{selector} > {gate.accuracy_drop})"
     )
-    samples = ctx.probe.query_range(query, start - 300.0, end, step)
+    samples = ctx.probe.query_range(query, start, end, timing.evaluation_interval_seconds)
     if not samples:
         return None
-    before = [v for t, v in samples if t <= start]
-    base = before[-1] if before else 0.0
-    for t, v in samples:
-        if t >= start and v - base >= needed:
-            return t - step
-    return None
+    return max(
+        start, samples[0][0] - timing.scrape_interval_seconds - timing.evaluation_interval_seconds
+    )
 
 
 def drill_regression(ctx: DrillContext) -> DrillResult:
@@ -938,7 +943,6 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
         "latency": {"base_seconds": added, "jitter": "none"},
         "wrong_answer_probability": 0.5,
     }
-    failures_before = ctx.probe.loadgen_failures()
     expected = gate.min_samples / max(1.0, ctx.state.rate * 0.85)
     try:
         result.fault = (
@@ -956,12 +960,13 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
             True,
             f"p99 {series['p99']}, accuracy {series['accuracy']}, requests {series['requests']}",
         )
-        crossing = _counter_crossing(ctx, version, result.fault_at, time.time(), gate.min_samples)
-        if crossing is not None:
-            result.condition_delay = max(0.0, crossing - result.fault_at)
+        onset = _gate_onset(ctx, version, result.fault_at, time.time())
+        if onset is not None:
+            result.condition_delay = max(0.0, onset - result.fault_at)
         result.condition_basis = (
-            f"{gate.min_samples} requests of {version} reached (first scrape at or past it, "
-            "less one scrape interval)"
+            f"{gate.min_samples} requests of {version} within {gate.window_seconds} s and its "
+            "accuracy under the baseline (first evaluation showing both, less a scrape and an "
+            "evaluation interval)"
         )
         run_playbook_loop(ctx, result, labels, 180.0)
         registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
@@ -981,9 +986,7 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
         _set_version_faults(ctx, version, None)
         if result.remediated_at is None:
             _restore_good(ctx, version)
-    lost = ctx.probe.loadgen_failures() - failures_before
-    result.lost = lost
-    result.lost_detail = f"{lost} user requests failed during the drill"
+    result.lost_detail = "n/a: a rollback switches adapters, it writes no data"
     result.notes.append(
         f"the gate's {gate.window_seconds} s window keeps {version}'s requests after the "
         "rollback, so the alert resolves once they leave it"
@@ -1009,7 +1012,6 @@ def drill_regression_negative(ctx: DrillContext) -> DrillResult:
     baseline_p99, _ = _baseline(ctx, version)
     added = regression_latency(spec, baseline_p99)
     ratio = 1 + gate.p99_increase_ratio
-    failures_before = ctx.probe.loadgen_failures()
     expected = gate.min_samples / max(1.0, ctx.state.rate * 0.85)
     jobs_before = {job["id"] for job in ctx.probe.jobs(str(gate.playbook))}
     try:
@@ -1066,9 +1068,7 @@ def drill_regression_negative(ctx: DrillContext) -> DrillResult:
         ctx.say(result.drill, f"restoring {GOOD_VERSION} (the operator rolls back by hand)")
         _restore_good(ctx, version)
     result.remediated_at = time.time()
-    lost = ctx.probe.loadgen_failures() - failures_before
-    result.lost = lost
-    result.lost_detail = f"{lost} user requests failed during the drill"
+    result.lost_detail = "n/a: no data is written"
     return result
 
 
@@ -1100,6 +1100,7 @@ def resolve_names(names: Sequence[str]) -> list[str]:
 def run_drill(name: str, ctx: DrillContext) -> DrillResult:
     """Run one drill; a drill that breaks off is a failed result carrying the reason."""
     started = time.time()
+    failures = ctx.probe.loadgen_failures()
     try:
         result = DRILLS[name](ctx)
     except (DrillError, httpx.HTTPError, redis.RedisError, OSError) as exc:
@@ -1109,6 +1110,13 @@ def run_drill(name: str, ctx: DrillContext) -> DrillResult:
         )
         ctx.say(name, f"FAILED: {result.error}")
     result.finished_at = time.time()
+    try:
+        counts = ctx.probe.loadgen_failures()
+    except OSError:
+        counts = {}
+    failed = {k: v - failures.get(k, 0) for k, v in counts.items() if v - failures.get(k, 0)}
+    result.failed_requests = sum(failed.values())
+    result.failed_detail = ", ".join(f"{n} x {status}" for status, n in sorted(failed.items()))
     return result
 
 
@@ -1170,10 +1178,13 @@ def run_drills(
             for item in ctx.deferred:
                 if item.result.recovered_at is None:
                     remaining = max(1.0, item.deadline - time.time())
+
+                    def resolved(r: DrillResult = item.result) -> bool | None:
+                        return True if r.recovered_at is not None else None
+
                     try:
-                        ctx.wait_for(item.result.drill, f"{item.result.alert} to resolve",
-                                     lambda r=item.result: True if r.recovered_at else None,
-                                     remaining, 0.5)  # fmt: skip
+                        what = f"{item.result.alert} to resolve"
+                        ctx.wait_for(item.result.drill, what, resolved, remaining, 0.5)
                     except DrillError as exc:
                         item.result.error = str(exc)
                 item.result.finished_at = time.time()

@@ -26,6 +26,7 @@ COLUMNS = (
     ("remediate", "time_to_remediate"),
     ("recover", "time_to_recover"),
     ("lost", "lost"),
+    ("failed req", "failed_requests"),
     ("result", "ok"),
 )
 
@@ -63,6 +64,9 @@ def build_rows(results: Sequence[DrillResult]) -> list[dict[str, str]]:
                 "remediate": _seconds(data["time_to_remediate"]),
                 "recover": _seconds(data["time_to_recover"]),
                 "lost": "n/a" if lost is None else str(lost),
+                "failed req": "-"
+                if data["failed_requests"] is None
+                else str(data["failed_requests"]),
                 "result": "ok" if result.ok else "FAILED",
             }
         )

@@ -292,9 +292,9 @@ class UpOptions:
     run_dir: Path
     spec_path: Path | None = None
     ports: Mapping[str, int] = field(default_factory=dict)
-    rate: float = 30.0
+    rate: float = 50.0
     seed: int = 7
-    baseline_requests: int = 300
+    baseline_requests: int = 200
     ready_timeout: float = 90.0
 
 
