@@ -40,6 +40,7 @@ def write_text(path: Path, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; reports are meant to be read and served
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
