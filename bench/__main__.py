@@ -12,6 +12,7 @@ BENCHMARKS = (
     ("gateway_overhead", "gateway-proxied request vs calling the simulator directly"),
     ("replay", "delta-log replay vs raw pymilvus batched upsert"),
     ("ingest", "webhook ingestion vs a bare FastAPI endpoint"),
+    ("report", "30-day SLO report vs naive raw reads"),
     ("drift", "drift detection vs Evidently (needs: pip install -e '.[bench]')"),
 )
 

@@ -206,11 +206,6 @@ def demo(
     run_demo(run_dir, spec, once, rate)
 
 
-from redline.cli_report import register as register_report  # noqa: E402
-
-register_report(app)
-
-
 def main() -> None:
     """Console-script entry point."""
     app()

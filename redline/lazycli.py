@@ -26,6 +26,8 @@ LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli_serving": ("gateway", "simulate"),
     "redline.cli_remediation": ("remediation", "audit"),
     "redline.cli_stack": ("up", "down", "status", "drill", "loadgen"),
+    "redline.cli_spot": ("spot-agent",),
+    "redline.cli_report": ("report",),
 }
 """Module → the top-level commands its `register(app)` adds."""
 
