@@ -10,6 +10,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
+from redline.cli_spot import simulate_metadata
 from redline.exporters.gateway import (
     DEFAULT_GATEWAY_PORT,
     GatewayConfigError,
@@ -148,7 +149,10 @@ def gateway(
     )
 
 
+simulate_app.command("metadata")(simulate_metadata)
+
+
 def register(app: typer.Typer) -> None:
-    """Add `gateway` and `simulate upstream` to the `redline` app."""
+    """Add `gateway`, `simulate upstream` and `simulate metadata` to the `redline` app."""
     app.command("gateway")(gateway)
     app.add_typer(simulate_app, name="simulate")

@@ -18,6 +18,7 @@ GROUP_BY = [
     "slo",
     "sli",
     "stream",
+    "node",
 ]
 """Labels that name a remediation target: one notification (and one job) per target."""
 

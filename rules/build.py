@@ -416,6 +416,68 @@ def build_guard_alerts(spec: Spec) -> RuleGroup:
     return RuleGroup("redline-guards", timing.evaluation_interval_seconds, tuple(rules))
 
 
+def spot_p95_record(spec: Spec) -> str:
+    """Name of the recorded fleet-wide p95 of notice -> DRAINING."""
+    return f"redline:llm_spot_notice_to_draining_seconds:p95_{spec.spot.alert_window}"
+
+
+def build_spot_alerts(spec: Spec) -> RuleGroup:
+    """Spot preemption: an unhandled notice (runs spot_drain), notice -> DRAINING p95 over its
+    target, and a replacement still not ready after a whole notice window."""
+    spot = spec.spot
+    window = spot.alert_window
+    target = number(spot.notice_to_draining_p95_seconds)
+    slow_replacement = "\nor\n".join(
+        f'max by (node, provider) (llm_spot_replacement_ready_latency_seconds{{provider="{p}"}}) '
+        f"> {number(spot.notice_for(p))}"
+        for p in ("aws", "gcp")
+    )
+    rules = (
+        RecordingRule(
+            spot_p95_record(spec),
+            "histogram_quantile(0.95, sum by (le) "
+            f"(rate(llm_spot_notice_to_draining_seconds_bucket[{window}])))",
+        ),
+        _alert(
+            spec,
+            "SpotPreemptionNotice",
+            "max by (node, provider) (llm_spot_notice_pending) == 1",
+            0,
+            "warning",
+            "Spot node {{ $labels.node }} got an interruption notice that no drain handled yet",
+            "The {{ $labels.provider }} node {{ $labels.node }} will be reclaimed: close its "
+            "admission, triage what runs on it and wait for its replacement (the spot agent does "
+            "this by itself; this alert runs the same flow when it did not).",
+            spot.playbook,
+        ),
+        _alert(
+            spec,
+            "SpotNoticeToDrainingSlow",
+            f"{spot_p95_record(spec)} > {target}",
+            0,
+            "ticket",
+            "Spot nodes take too long from notice to DRAINING",
+            f"The p95 from an interruption notice to DRAINING over {window} is "
+            f"{{{{ $value | humanizeDuration }}}} (target {target} s): requests run on nodes "
+            "that are about to go away.",
+        ),
+        _alert(
+            spec,
+            "SpotReplacementSlow",
+            f"(\n{slow_replacement}\n)\nand on (node)\n"
+            '(max by (node) (llm_node_state{state="terminating"}) == 1)',
+            0,
+            "page",
+            "The replacement of spot node {{ $labels.node }} is not ready after a notice window",
+            "The replacement of the {{ $labels.provider }} node {{ $labels.node }} has not passed "
+            "the readiness gate (health, model loaded, dummy inference) "
+            "{{ $value | humanizeDuration }} after its drain: capacity stays short for longer "
+            "than the notice window.",
+        ),
+    )
+    return RuleGroup("redline-spot", spec.timing.evaluation_interval_seconds, rules)
+
+
 def build_rule_groups(spec: Spec) -> list[RuleGroup]:
     """Every rule group of the spec, in a stable order."""
     return [
@@ -425,5 +487,6 @@ def build_rule_groups(spec: Spec) -> list[RuleGroup]:
         build_rollback_alerts(spec),
         *[build_slo_group(spec, slo) for slo in spec.slos],
         build_drift_alerts(spec),
+        build_spot_alerts(spec),
         build_guard_alerts(spec),
     ]

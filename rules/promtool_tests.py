@@ -507,6 +507,110 @@ def build_drift_cases(spec: Spec, rules: _Rules) -> list[Case]:
     ]
 
 
+def _spot_histogram(
+    labels: dict[str, str], per_bucket: dict[float, int], minutes: int
+) -> dict[str, str]:
+    """Bucket series of notice -> DRAINING; `per_bucket` maps an upper bound to observations a
+    minute (the last bound gets +Inf too)."""
+    out: dict[str, str] = {}
+    cumulative = 0
+    for bound in sorted(per_bucket):
+        cumulative += per_bucket[bound]
+        out[
+            _series("llm_spot_notice_to_draining_seconds_bucket", {**labels, "le": number(bound)})
+        ] = counter(cumulative, minutes)
+    out[_series("llm_spot_notice_to_draining_seconds_bucket", {**labels, "le": "+Inf"})] = counter(
+        cumulative, minutes
+    )
+    return out
+
+
+def build_spot_cases(spec: Spec, rules: _Rules) -> list[Case]:
+    """Spot: a pending notice fires (a handled one does not); notice -> DRAINING p95 over the
+    target fires, under it does not; a replacement still not ready after its provider's notice
+    window fires, one within the window or already recovered does not."""
+    spot = spec.spot
+    target = spot.notice_to_draining_p95_seconds
+    window_minutes = math.ceil(parse_duration(spot.alert_window) / 60)
+    minutes = window_minutes + 20
+    eval_at = (window_minutes + 10) * 60
+    slow_labels = {"node": "spot-a", "provider": "aws"}
+    # Every notice took between target and 2 x target: p95 interpolates to 1.95 x target.
+    slow = _spot_histogram(slow_labels, {target: 0, target * 2: 10}, minutes)
+    fast = _spot_histogram(slow_labels, {target / 2: 10, target: 0}, minutes)
+    aws, gcp = spot.notice_for("aws"), spot.notice_for("gcp")
+    states: dict[str, str] = {}
+    for node, state in (("a", "terminating"), ("b", "terminating"), ("c", "recovered")):
+        for value in ("ready", "draining", "terminating", "recovered"):
+            states[_series("llm_node_state", {"node": node, "state": value})] = constant(
+                1 if value == state else 0, 20
+            )
+    latency = {
+        _series("llm_spot_replacement_ready_latency_seconds", {"node": "a", "provider": "aws"}): (
+            constant(aws + 30, 20)
+        ),
+        _series("llm_spot_replacement_ready_latency_seconds", {"node": "b", "provider": "gcp"}): (
+            constant(gcp - 1, 20)
+        ),
+        _series("llm_spot_replacement_ready_latency_seconds", {"node": "c", "provider": "gcp"}): (
+            constant(gcp * 10, 20)
+        ),
+    }
+    pending = {
+        _series("llm_spot_notice_pending", {"node": "spot-a", "provider": "gcp"}): constant(1, 20),
+        _series("llm_spot_notice_pending", {"node": "spot-b", "provider": "aws"}): constant(0, 20),
+    }
+    notice_rule = rules.get("SpotPreemptionNotice")
+    return [
+        Case(
+            "spot: a pending notice fires spot_drain, a handled one stays silent",
+            pending,
+            600,
+            [
+                (
+                    "SpotPreemptionNotice",
+                    [expected(notice_rule, {"node": "spot-a", "provider": "gcp"}, 1)],
+                )
+            ],
+        ),
+        Case(
+            "spot: notice -> DRAINING p95 over its target fires",
+            slow,
+            eval_at,
+            [
+                (
+                    "SpotNoticeToDrainingSlow",
+                    [expected(rules.get("SpotNoticeToDrainingSlow"), {}, target * 1.95)],
+                )
+            ],
+        ),
+        Case(
+            "spot: notice -> DRAINING p95 under its target stays silent",
+            fast,
+            eval_at,
+            [("SpotNoticeToDrainingSlow", [])],
+        ),
+        Case(
+            "spot: a replacement slower than the notice window fires; within it or recovered "
+            "stays silent",
+            {**states, **latency},
+            600,
+            [
+                (
+                    "SpotReplacementSlow",
+                    [
+                        expected(
+                            rules.get("SpotReplacementSlow"),
+                            {"node": "a", "provider": "aws"},
+                            aws + 30,
+                        )
+                    ],
+                )
+            ],
+        ),
+    ]
+
+
 def build_guard_cases(spec: Spec, rules: _Rules) -> list[Case]:
     """Absent SLIs page; present ones do not; a probe that stopped succeeding is stale."""
     minutes = math.ceil(spec.timing.absent_for_seconds / 60) + 5
@@ -562,6 +666,7 @@ def build_rule_tests(spec: Spec, groups: list[RuleGroup], rule_files: list[str])
         *build_rollback_cases(spec, rules),
         *[case for slo in spec.slos for case in build_slo_cases(spec, rules, slo)],
         *build_drift_cases(spec, rules),
+        *build_spot_cases(spec, rules),
         *build_guard_cases(spec, rules),
     ]
     return {

@@ -101,6 +101,7 @@ def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
         'playbook="freeze_and_replay"',
         'playbook="reroute"',
         'playbook="semantic_rollback"',
+        'playbook="spot_drain"',
     ]
     (receiver,) = config["receivers"]
     (webhook,) = receiver["webhook_configs"]
