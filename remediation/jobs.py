@@ -23,6 +23,7 @@ between states, and never runnable twice at once.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -459,6 +460,23 @@ class JobStore:
         return int(reply) == 1
 
 
+_PendingIngest = tuple[WebhookPayload, bool, "asyncio.Future[list[IngestOutcome]]"]
+
+
+def _outcomes(payload: WebhookPayload, replies: Sequence[Any]) -> list[IngestOutcome]:
+    outcomes: list[IngestOutcome] = []
+    for alert, (status, value) in zip(payload.alerts, replies, strict=True):
+        code = int(status)
+        result: Literal["accepted", "duplicate", "acknowledged"] = (
+            "accepted" if code == 1 else "acknowledged" if code == 2 else "duplicate"
+        )
+        job_id = None if value == "ack" else str(value)
+        outcomes.append(
+            IngestOutcome(alert.fingerprint, alert.status, alert.playbook, job_id, result)
+        )
+    return outcomes
+
+
 class AsyncJobStore:
     """The receiver's store operations (asyncio)."""
 
@@ -467,6 +485,8 @@ class AsyncJobStore:
         self.keys = StoreKeys(prefix)
         self.retention_seconds = retention_seconds
         self._enqueue = client.register_script(_ENQUEUE_LUA)
+        self._lock = asyncio.Lock()
+        self._pending: list[_PendingIngest] = []
 
     async def ensure_group(self) -> None:
         """Create the stream and its consumer group if missing."""
@@ -481,24 +501,43 @@ class AsyncJobStore:
         return bool(await self.client.ping())
 
     async def ingest(self, payload: WebhookPayload, dry_run: bool) -> list[IngestOutcome]:
-        """Record every alert of `payload` (one atomic script each, one round trip in all)."""
-        async with self.client.pipeline(transaction=False) as pipe:
-            replies = await self._ingest_pipeline(pipe, payload, dry_run)
-        outcomes: list[IngestOutcome] = []
-        for alert, (status, value) in zip(payload.alerts, replies, strict=True):
-            code = int(status)
-            result: Literal["accepted", "duplicate", "acknowledged"] = (
-                "accepted" if code == 1 else "acknowledged" if code == 2 else "duplicate"
-            )
-            job_id_out = None if value == "ack" else str(value)
-            outcomes.append(
-                IngestOutcome(alert.fingerprint, alert.status, alert.playbook, job_id_out, result)
-            )
-        return outcomes
+        """Record every alert of `payload` and return once they are in Redis.
 
-    async def _ingest_pipeline(
-        self, pipe: Any, payload: WebhookPayload, dry_run: bool
-    ) -> list[Any]:
+        One atomic script per alert. Deliveries that arrive while a commit is in flight are
+        committed together in the next pipeline (group commit): one round trip for many
+        requests, each answered only after its own alerts are recorded.
+        """
+        future: asyncio.Future[list[IngestOutcome]] = asyncio.get_running_loop().create_future()
+        self._pending.append((payload, dry_run, future))
+        async with self._lock:
+            if not future.done():
+                batch, self._pending = self._pending, []
+                await self._commit(batch)
+        return await future
+
+    async def _commit(self, batch: list[_PendingIngest]) -> None:
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for payload, dry_run, _ in batch:
+                    await self._queue(pipe, payload, dry_run)
+                replies: list[Any] = await pipe.execute()
+        except redis.RedisError as exc:
+            for _, _, waiting in batch:
+                waiting.set_exception(exc)
+            return
+        except BaseException:
+            # Cancelled mid-commit: whoever else waits gets an answer (503), not a hang.
+            for _, _, waiting in batch:
+                if not waiting.done():
+                    waiting.set_exception(redis.ConnectionError("ingest commit interrupted"))
+            raise
+        position = 0
+        for payload, _, waiting in batch:
+            count = len(payload.alerts)
+            waiting.set_result(_outcomes(payload, replies[position : position + count]))
+            position += count
+
+    async def _queue(self, pipe: Any, payload: WebhookPayload, dry_run: bool) -> None:
         stamp = now_iso()
         now_ms = int(time.time() * 1000)
         ttl = self.retention_seconds
@@ -519,7 +558,6 @@ class AsyncJobStore:
                 args=[job_id, ttl, now_ms, ttl * 1000, *fields],
                 client=pipe,
             )  # fmt: skip
-        return cast(list[Any], await pipe.execute())
 
     async def get(self, job_id: str) -> Job | None:
         """The job with its steps, or None."""

@@ -15,6 +15,7 @@ import yaml
 from redline.platform.processes import Service, free_port, start_alertmanager
 from redline.remediation.jobs import JobStore
 from redline.rules.alertmanager import build_alertmanager_config
+from redline.rules.build import build_rule_groups
 from redline.slo.load import load_spec
 from redline.slo.spec import Receiver
 from tests.integration.remediation_support import (
@@ -51,7 +52,9 @@ def _alertmanager_config(tmp_path: Path, receiver_port: int) -> Path:
         }
     )
     path = tmp_path / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(build_alertmanager_config(spec), sort_keys=False))
+    path.write_text(
+        yaml.safe_dump(build_alertmanager_config(spec, build_rule_groups(spec)), sort_keys=False)
+    )
     return path
 
 
