@@ -131,6 +131,14 @@ def _logging(level: str) -> None:
     )
 
 
+def _on_signals(stop: threading.Event) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
 @remediation_app.callback(invoke_without_command=True)
 def serve(
     ctx: typer.Context,
@@ -161,6 +169,9 @@ def serve(
         _print(err, str(exc))
         raise typer.Exit(2) from None
     stop = threading.Event()
+    # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with these handlers in
+    # place that ends here (workers stopped and joined) instead of killing the process.
+    _on_signals(stop)
     threads = start_workers(settings, registry, settings.workers, stop)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -194,12 +205,7 @@ def worker(
     _logging(settings.log_level)
     registry = _registry(settings)
     stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _on_signals(stop)
     threads = start_workers(settings, registry, max(settings.workers, 1), stop)
     while any(thread.is_alive() for thread in threads):
         for thread in threads:

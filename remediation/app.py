@@ -232,6 +232,7 @@ def build_alerts_router(state: ReceiverState) -> APIRouter:
         },
     )
     async def post_alerts(request: Request) -> Response:
+        """Record each alert of the notification as a job (or acknowledge it), then answer."""
         state.check_authorization(request.headers.get("authorization"))
         media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if media_type != "application/json":
@@ -292,6 +293,7 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
     router = APIRouter(tags=["jobs"])
 
     def authorized(credentials: Credentials) -> None:
+        """401 unless the bearer token matches."""
         state.check_token(credentials)
 
     @router.get(
@@ -306,6 +308,7 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
         summary="One job with its plan and recorded steps.",
     )
     async def get_job(request: Request, job_id: Annotated[str, Path(pattern=JOB_ID)]) -> Response:
+        """One job with its steps; 404 when unknown."""
         problem = _query_problem(request, ())
         if problem is not None:
             return problem
@@ -330,6 +333,7 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
         status: JobStatus | None = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     ) -> Response:
+        """Recent jobs, filtered."""
         problem = _query_problem(request, ("playbook", "status", "limit"))
         if problem is not None:
             return problem
@@ -348,6 +352,7 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
 
     @router.get("/healthz", summary="The process is up.")
     async def healthz() -> dict[str, str]:
+        """Always ok while the process serves."""
         return {"status": "ok"}
 
     @router.get(
@@ -356,6 +361,7 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
         responses={503: {"model": Problem, "description": "Redis unreachable."}},
     )
     async def readyz() -> Response:
+        """200 when Redis answers PING, else 503."""
         try:
             await state.store.ping()
         except redis.RedisError as exc:
@@ -369,6 +375,7 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
         responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
     )
     async def metrics() -> Response:
+        """Webhook counters of this process and run metrics of all workers."""
         alerts, duplicates = state.counters.snapshot()
         try:
             runs: dict[str, str] | None = await state.store.run_metrics()
@@ -395,6 +402,7 @@ def build_receiver_app(settings: RemediationSettings, *, token: SecretStr | None
     app.include_router(build_ops_router(state))
 
     def openapi() -> dict[str, Any]:
+        """The generated schema plus the v4 payload models the raw-body route declares."""
         if app.openapi_schema is None:
             schema = get_openapi(
                 title=app.title,

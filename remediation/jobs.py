@@ -16,9 +16,14 @@ may touch them together):
 
 Enqueue is one Lua script per alert: `SET NX` of the idempotency key, `HSET` of the job, `XADD`
 to the stream and `ZADD` to the index happen together or not at all, before the receiver
-answers. A job leaves the stream only in the same `MULTI` that records its final state or moves
-it to `delayed`; a promoted delayed job is re-added in one script. So a job is never lost
-between states, and never runnable twice at once.
+answers (concurrent deliveries share one pipeline: group commit). A job leaves the stream only
+in the script that records its final state or moves it to `delayed`, and only while the worker
+settling it still owns its entry; a promoted delayed job is re-added in one script. So a job is
+never lost between states, and never runnable twice at once.
+
+"Recorded in Redis" is as durable as Redis is configured to be: `start_redis` runs with AOF and
+`appendfsync everysec` (a crash of the Redis host may lose the last second); use
+`appendfsync always` (or a replica and `WAIT`) where that second matters.
 """
 
 from __future__ import annotations

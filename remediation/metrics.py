@@ -100,6 +100,7 @@ class _Snapshot(Collector):
         self._families = families
 
     def collect(self) -> Iterator[Metric]:
+        """The snapshot's families."""
         return iter(self._families)
 
 

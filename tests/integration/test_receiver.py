@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from typer.testing import CliRunner
 
-from redline.platform.processes import find_binary, start_redis
+from redline.cli_remediation import remediation_app
+from redline.platform.processes import find_binary, free_port, start_redis
 from redline.remediation.jobs import JobStore
 from redline.remediation.settings import RemediationSettings
 from tests.integration.remediation_support import (
     AUTH,
+    REGISTRY_REF,
+    REPO,
     TOKEN,
     alert,
     make_settings,
@@ -26,6 +33,7 @@ from tests.integration.remediation_support import (
     post,
     receiver,
     store_for,
+    wait_for,
     wait_terminal,
     workers,
 )
@@ -354,3 +362,59 @@ def test_openapi_schema_documents_the_v4_payload(settings: RemediationSettings) 
     responses = schema["paths"]["/alerts"]["post"]["responses"]
     assert {"200", "202", "401", "413", "415", "422", "503"} <= set(responses)
     assert {"/jobs", "/jobs/{job_id}", "/healthz", "/readyz", "/metrics"} <= set(schema["paths"])
+
+
+def test_redline_remediation_command_serves_and_runs_jobs(redis_url: str, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    log = tmp_path / "receiver.log"
+    argv = [
+        sys.executable, "-m", "redline.cli", "remediation", "--port", str(port),
+        "--redis-url", redis_url, "--token-file", str(token_file), "--workers", "1",
+        "--playbooks", REGISTRY_REF, "--audit-file", str(tmp_path / "audit.jsonl"),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REDLINE_POLL_SECONDS": "0.1"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(url), timeout=60, what="redline remediation to serve")
+        answer = post(url, payload(alert("0000000000000b01")))
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["alerts"][0]["job_id"]
+
+        def finished() -> dict[str, object] | None:
+            job = httpx.get(f"{url}/jobs/{job_id}", headers=AUTH).json()
+            return job if job["status"] == "succeeded" else None
+
+        job = wait_for(finished, timeout=30, what="the job to run in the receiver's worker")
+        assert job["attempts"] == 1
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    text = log.read_text()
+    assert code == 0, text
+    assert TOKEN not in text
+    # The embedded spec names playbooks the test registry does not have: said at start-up.
+    assert "playbooks named by the spec but not registered" in text
+    assert (tmp_path / "audit.jsonl").read_text().count("\n") >= 5
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_redline_remediation_refuses_to_start_without_a_token(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        remediation_app, ["--port", str(free_port())], env={"REDLINE_WEBHOOK_TOKEN": ""}
+    )
+    assert result.exit_code == 2
+    assert "webhook token: set --token-file FILE or the REDLINE_WEBHOOK_TOKEN variable" in (
+        result.output
+    )
+    missing = CliRunner().invoke(remediation_app, ["--token-file", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "cannot read" in missing.output
