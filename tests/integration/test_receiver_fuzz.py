@@ -423,7 +423,7 @@ def test_schemathesis_over_real_http(
         alerts = schema["/alerts"]["POST"]
         counts: Counter[str] = Counter()
 
-        @fuzz(120)
+        @fuzz(90)
         @given(alerts.as_strategy(GenerationMode.NEGATIVE))
         def negative(case: schemathesis.Case) -> None:
             before = client.zcard(job_store.keys.index)
@@ -437,14 +437,14 @@ def test_schemathesis_over_real_http(
                 counts["negative body"] += 1
             counts["negative"] += 1
 
-        @fuzz(120)
+        @fuzz(90)
         @given(alerts.as_strategy(GenerationMode.POSITIVE))
         def positive(case: schemathesis.Case) -> None:
             response = case.call_and_validate(base_url=server.url, headers=AUTH)
             assert response.status_code in (200, 202), response.text
             counts["positive"] += 1
 
-        @fuzz(60)
+        @fuzz(40)
         @given(
             schema["/jobs"]["GET"].as_strategy(GenerationMode.POSITIVE)
             | schema["/jobs"]["GET"].as_strategy(GenerationMode.NEGATIVE)
@@ -458,5 +458,5 @@ def test_schemathesis_over_real_http(
         negative()
         positive()
         jobs_api()
-    assert counts["positive"] >= 100 and counts["negative"] >= 100, counts
-    assert counts["negative body"] >= 30, counts
+    assert counts["positive"] >= 80 and counts["negative"] >= 80, counts
+    assert counts["negative body"] >= 20, counts
