@@ -73,7 +73,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import redis.exceptions
@@ -83,7 +83,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import Metric
 from prometheus_client.metrics import Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from redline.exporters.upstream import (
     UpstreamConnectError,
@@ -238,6 +238,16 @@ class GatewaySettings(ServiceSettings):
     spot_retry_after_ms: int = Field(
         0, ge=0, description="Retry hint of the SPOT_PREEMPTION error event."
     )
+    balance: Literal["failover", "round_robin"] = Field(
+        "failover",
+        description="failover: the configured order; round_robin: spread requests over the "
+        "open upstreams (replicas of one pool), in turn.",
+    )
+    spill_regions: list[str] = Field(
+        default_factory=list,
+        description="Upstreams used only when every other one is closed, unhealthy or failed "
+        "(an on-demand pool behind spot replicas).",
+    )
 
     @field_validator("upstreams")
     @classmethod
@@ -254,6 +264,13 @@ class GatewaySettings(ServiceSettings):
             if not valid:
                 raise ValueError(f"upstream {region}: {url!r} is not an http(s) URL")
         return value
+
+    @model_validator(mode="after")
+    def _check_spill(self) -> GatewaySettings:
+        unknown = [r for r in self.spill_regions if r not in self.upstreams]
+        if unknown:
+            raise ValueError(f"spill_regions {unknown} are not among the upstreams")
+        return self
 
 
 class _WithoutCreated(Collector):
@@ -599,6 +616,7 @@ class Gateway:
         self.draining: dict[str, _Drain] = {}
         self.revisions: dict[tuple[str, str], str] = {}  # (region, model) -> last version seen
         self.node_tpot: dict[str, float] = {}
+        self._turn = 0
         self._pools: dict[str, UpstreamPool] = {}
         self._reader: AsyncRoutingReader | None = None
         self._ledger: AsyncRequestLedger | None = None
@@ -684,7 +702,26 @@ class Gateway:
         if self.draining:
             draining = frozenset(n for n, d in self.draining.items() if d.until > now)
             routing = RoutingState(routing.override, routing.closed | draining)
-        return build_region_order(self.regions, routing, unhealthy)
+        order = build_region_order(self.regions, routing, unhealthy)
+        if self.settings.balance == "failover" and not self.settings.spill_regions:
+            return order
+        return self._balance(order, routing, routing.closed | unhealthy)
+
+    def _balance(
+        self, order: list[str], routing: RoutingState, blocked: frozenset[str]
+    ) -> list[str]:
+        """Round robin over the open non-spill upstreams, then open spill ones, then the rest."""
+        target = routing.override.target_region if routing.override else None
+        head = [target] if target in order and target not in blocked else []
+        rest = [r for r in order if r not in head]
+        spill = self.settings.spill_regions
+        primary = [r for r in rest if r not in blocked and r not in spill]
+        if self.settings.balance == "round_robin" and len(primary) > 1:
+            self._turn += 1
+            turn = self._turn % len(primary)
+            primary = primary[turn:] + primary[:turn]
+        spare = [r for r in rest if r not in blocked and r in spill]
+        return head + primary + spare + [r for r in rest if r in blocked]
 
     def _failed(self, region: str) -> None:
         health = self.health[region]

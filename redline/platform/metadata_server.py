@@ -8,7 +8,8 @@ AWS (IMDSv2, tokens required):
   `X-Forwarded-For` is 403 (IMDS refuses tokens to proxied requests), any other method is 405.
 - every `GET /latest/meta-data/...` needs `X-aws-ec2-metadata-token` with a live token, else 401.
 - `spot/instance-action` is `{"action": "terminate", "time": "2017-09-18T08:22:00Z"}` once a notice
-  was issued and 404 before; `spot/termination-time` the time alone; `events/recommendations/
+  was issued and 404 before (the time is whole seconds: a notice for `in_seconds` shows up exactly
+  `in_seconds` before it, up to a second after it was asked for); `spot/termination-time` the time alone; `events/recommendations/
   rebalance` is `{"noticeTime": "..."}` once a rebalance recommendation was issued, 404 before.
   Bodies are `text/plain`, as IMDS sends them.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -88,6 +90,7 @@ class MetadataState:
     tokens: dict[str, float] = field(default_factory=dict)  # token -> expiry (monotonic)
     action: str | None = None
     action_time: float | None = None
+    action_visible_at: float = 0.0
     rebalance_time: float | None = None
     preempted: bool = False
     generation: int = 0
@@ -126,12 +129,19 @@ def build_metadata_app(settings: MetadataSettings) -> FastAPI:
     @app.post("/admin/notice")
     async def notice(body: NoticeRequest) -> dict[str, Any]:
         now = time.time()
+        terminate_at = now + body.in_seconds
+        issued_at = now
         if state.provider == "aws":
+            # IMDS times are whole seconds; the notice shows up exactly in_seconds before its
+            # time (as AWS issues it two minutes before), so a reader can tell when it was issued.
+            terminate_at = float(math.ceil(terminate_at))
+            issued_at = terminate_at - body.in_seconds
             state.action = body.action
-            state.action_time = now + body.in_seconds
+            state.action_time = terminate_at
+            state.action_visible_at = issued_at
         state.preempted = True
         state.bump()
-        return {"issued_at": now, "terminate_at": now + body.in_seconds, **_describe(state)}
+        return {"issued_at": issued_at, "terminate_at": terminate_at, **_describe(state)}
 
     @app.post("/admin/rebalance")
     async def rebalance() -> dict[str, Any]:
@@ -142,6 +152,7 @@ def build_metadata_app(settings: MetadataSettings) -> FastAPI:
     @app.post("/admin/reset")
     async def reset() -> dict[str, Any]:
         state.action = state.action_time = state.rebalance_time = None
+        state.action_visible_at = 0.0
         state.preempted = False
         state.tokens.clear()
         state.bump()
@@ -196,10 +207,13 @@ def _aws_routes(app: FastAPI, state: MetadataState) -> None:
             return _aws_text(state.instance_id)
         if path == "instance-life-cycle":
             return _aws_text("spot")
-        if path == "spot/instance-action" and state.action_time is not None:
+        published = state.action_time is not None and time.time() >= state.action_visible_at
+        if path == "spot/instance-action" and published:
+            assert state.action_time is not None
             body = {"action": state.action, "time": format_metadata_time(state.action_time)}
             return _aws_text(json.dumps(body))
-        if path == "spot/termination-time" and state.action_time is not None:
+        if path == "spot/termination-time" and published:
+            assert state.action_time is not None
             return _aws_text(format_metadata_time(state.action_time))
         if path == "events/recommendations/rebalance" and state.rebalance_time is not None:
             return _aws_text(json.dumps({"noticeTime": format_metadata_time(state.rebalance_time)}))

@@ -127,14 +127,23 @@ class NodeRecord:
             return None
         return max(0.0, self.draining_at - self.notice_at)
 
-    def replacement_latency(self, now: float) -> float | None:
-        """Seconds from TERMINATING to RECOVERED, or waited so far while still TERMINATING."""
+    @property
+    def gone_at(self) -> float | None:
+        """When the node was gone: TERMINATING, or its termination time if that came later (a
+        drained node still runs until then, and its replacement cannot take its place before)."""
         if self.terminating_at is None:
             return None
+        return max(self.terminating_at, self.terminate_at or self.terminating_at)
+
+    def replacement_latency(self, now: float) -> float | None:
+        """Seconds from the node being gone to RECOVERED, or waited so far while TERMINATING."""
+        gone = self.gone_at
+        if gone is None:
+            return None
         if self.state is NodeState.RECOVERED and self.recovered_at is not None:
-            return max(0.0, self.recovered_at - self.terminating_at)
+            return max(0.0, self.recovered_at - gone)
         if self.state is NodeState.TERMINATING:
-            return max(0.0, now - self.terminating_at)
+            return max(0.0, now - gone)
         return None
 
     def to_fields(self) -> dict[str, str]:

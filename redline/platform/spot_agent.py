@@ -385,7 +385,8 @@ class SpotAgentMetrics(Collector):
         yield state
         latency = GaugeMetricFamily(
             "llm_spot_replacement_ready_latency_seconds",
-            "TERMINATING -> RECOVERED of the last replacement; while it is not ready yet, the "
+            "Node gone (TERMINATING, or its termination time if later) -> RECOVERED of the last "
+            "replacement; while it is not ready yet, the "
             "seconds waited so far.",
             labels=("node", "provider"),
         )
@@ -454,16 +455,22 @@ class SpotDrainFlow:
         reason = f"spot {notice.provider} notice ({notice.action})" + (
             f", terminating at {terminate:.3f}" if terminate is not None else ""
         )
+        close_for = max(budget.notice_seconds, 1.0) + self.spot.readiness_timeout_seconds
+        # The gateways first: they stop admitting and triage at once; the routing store then
+        # keeps admission closed for every other reader (and across restarts).
+        failure: Exception | None = None
+        try:
+            self.last_reports = self.gateways.drain(
+                self.node, budget.seconds, self.spot.continue_factor, close_for, reason
+            )
+        except (httpx.HTTPError, SpotAgentError) as exc:
+            failure = exc
         try:
             self.routing.close_admission(self.node, reason)
         except RoutingError as exc:
             raise SpotAgentError(f"routing store: {exc}") from None
-        if self.upstream_url is not None:
-            self.preempted_instance = self.gate.instance(self.upstream_url)
-        close_for = max(budget.notice_seconds, 1.0) + self.spot.readiness_timeout_seconds
-        self.last_reports = self.gateways.drain(
-            self.node, budget.seconds, self.spot.continue_factor, close_for, reason
-        )
+        if failure is not None:
+            raise SpotAgentError(f"gateway drain: {failure}") from failure
         now = self.clock()
         record = build_transition(
             record,
@@ -479,6 +486,9 @@ class SpotDrainFlow:
         self.store.put(record)
         if self.on_draining is not None:
             self.on_draining(record)
+        if self.upstream_url is not None:
+            # Still the preempted instance while it drains: its replacement must differ.
+            self.preempted_instance = self.gate.instance(self.upstream_url)
         return record
 
     def wait_drained(self, stop: threading.Event | None = None) -> NodeRecord:
@@ -532,8 +542,10 @@ class SpotDrainFlow:
 class SpotAgentSettings(ServiceSettings):
     """Settings of `redline spot-agent run`."""
 
-    node: str = Field(
-        min_length=1, pattern=r"^[a-z][a-z0-9-]*$", description="The node: its upstream's name."
+    node: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9-]*$",
+        description="The node: the name of its upstream at the gateways (required).",
     )
     provider: Literal["aws", "gcp", "manual"] = Field(
         "aws", description="Notice source: AWS IMDSv2, GCP metadata, or manual triggers only."
@@ -623,13 +635,13 @@ class SpotAgent:
     def _error(self, message: str) -> None:
         self.last_error = message
         if self.metrics is not None:
-            self.metrics.errors.labels(self.settings.node).inc()
+            self.metrics.errors.labels(self.flow.node).inc()
 
     def trigger(self, in_seconds: float, reason: str) -> Notice:
         """A manual notice: the node goes away in `in_seconds`."""
         now = self.flow.clock()
         notice = Notice(
-            self.settings.node, "manual", "interruption", "terminate", now, now,
+            self.flow.node, "manual", "interruption", "terminate", now, now,
             now + in_seconds, reason,
         )  # fmt: skip
         self.notices.put(notice)
@@ -695,18 +707,16 @@ class SpotAgent:
 
 
 def build_sources(
-    settings: SpotAgentSettings, spot: Spot, client: httpx.Client
+    settings: SpotAgentSettings, node: str, spot: Spot, client: httpx.Client
 ) -> tuple[list[NoticeSource], ManualSource]:
     """The node's cloud source (if any) and its manual source."""
     manual = ManualSource()
     sources: list[NoticeSource] = [manual]
     if settings.provider == "aws":
-        sources.append(AwsImdsSource(settings.node, settings.metadata_url, spot, client))
+        sources.append(AwsImdsSource(node, settings.metadata_url, spot, client))
     elif settings.provider == "gcp":
         sources.append(
-            GcpMetadataSource(
-                settings.node, settings.metadata_url, spot, client, settings.gcp_wait_seconds
-            )
+            GcpMetadataSource(node, settings.metadata_url, spot, client, settings.gcp_wait_seconds)
         )
     return sources, manual
 
@@ -715,6 +725,9 @@ def build_agent_app(
     settings: SpotAgentSettings, spot: Spot, registry: CollectorRegistry | None = None
 ) -> FastAPI:
     """The agent's ASGI app; the agent runs while the app is served."""
+    if settings.node is None:
+        raise SpotAgentError("node: required (--node NAME, the node's upstream name)")
+    node = settings.node
     try:
         secret = read_secret(settings.gateway_token_file, None, "gateway admin token")
     except SettingsError as exc:
@@ -724,7 +737,7 @@ def build_agent_app(
     client = httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False)
     store = SpotStateStore.from_url(settings.redis_url, settings.state_key_prefix)
     routing = RoutingStore.from_url(settings.redis_url, settings.routing_key_prefix)
-    holder: dict[str, NodeRecord] = {"record": NodeRecord(settings.node)}
+    holder: dict[str, NodeRecord] = {"record": NodeRecord(node)}
     pending: dict[str, Notice | None] = {"notice": None}
     metrics = SpotAgentMetrics(
         registry, lambda: holder["record"], lambda: pending["notice"], time.time
@@ -737,7 +750,7 @@ def build_agent_app(
             metrics.notice_to_draining.labels(record.node, record.provider).observe(waited)
 
     flow = SpotDrainFlow(
-        settings.node,
+        node,
         spot,
         store,
         routing,
@@ -747,13 +760,13 @@ def build_agent_app(
         poll_seconds=settings.flow_poll_seconds,
         on_draining=observed,
     )
-    sources, manual = build_sources(settings, spot, client)
+    sources, manual = build_sources(settings, node, spot, client)
     agent = SpotAgent(settings, flow, sources, manual, metrics)
 
     def refresh() -> NodeRecord:
         try:
-            holder["record"] = store.get(settings.node)
-            pending["notice"] = store.notice_pending(settings.node)
+            holder["record"] = store.get(node)
+            pending["notice"] = store.notice_pending(node)
         except (redis.RedisError, SpotError) as exc:
             log.warning("node state unreadable: %s", exc)
         return holder["record"]
@@ -770,7 +783,7 @@ def build_agent_app(
             store.close()
             routing.close()
 
-    app = FastAPI(title=f"redline spot agent ({settings.node})", docs_url=None, lifespan=lifespan)
+    app = FastAPI(title=f"redline spot agent ({node})", docs_url=None, lifespan=lifespan)
     app.state.agent = agent
 
     @app.get("/metrics")
@@ -796,7 +809,7 @@ def build_agent_app(
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
-        return {"status": "ok", "node": settings.node, "provider": settings.provider}
+        return {"status": "ok", "node": node, "provider": settings.provider}
 
     @app.post("/notice")
     async def notice(request: Request) -> Response:
