@@ -34,6 +34,7 @@ from redline.stack.models import (
 from redline.stack.report import DrillBoard, build_table, render_json, write_json
 from redline.stack.runtime import (
     BinaryMissingError,
+    InterruptGuard,
     PortInUseError,
     Say,
     StackError,
@@ -41,6 +42,7 @@ from redline.stack.runtime import (
     StackState,
     UpOptions,
     describe_urls,
+    interrupt_on_signals,
     load_running,
     part_alive,
     start_stack,
@@ -104,7 +106,7 @@ def _setup_models(state: StackState, say: Say) -> None:
     )
 
 
-def bring_up(options: UpOptions) -> StackState:
+def bring_up(options: UpOptions, guard: InterruptGuard | None = None) -> StackState:
     """Start the stack, measuring the adapter versions' baselines before the load starts."""
 
     def setup(state: StackState, say: Say) -> None:
@@ -127,7 +129,7 @@ def bring_up(options: UpOptions) -> StackState:
         for measurement in measurements:
             say(describe(measurement))
 
-    return start_stack(options, _say, setup, baselines)
+    return start_stack(options, _say, setup, baselines, guard)
 
 
 def print_urls(state: StackState) -> None:
@@ -155,7 +157,8 @@ def up(
     """Start the local stack (every part detached) and print where everything is."""
     options = UpOptions(run_dir, spec, parse_ports(port), rate, seed)
     try:
-        state = bring_up(options)
+        with interrupt_on_signals() as guard:
+            state = bring_up(options, guard)
     except StackError as exc:
         raise _fail(exc) from None
     print_urls(state)
@@ -308,7 +311,8 @@ def run_demo(run_dir: Path, spec: Path | None, once: bool, rate: float) -> None:
         err.print(f"reusing the stack running in {run_dir}", markup=False)
     except StackError:
         try:
-            state = bring_up(UpOptions(run_dir, spec, {}, rate))
+            with interrupt_on_signals() as guard:
+                state = bring_up(UpOptions(run_dir, spec, {}, rate), guard)
         except StackError as exc:
             raise _fail(exc) from None
     results = run_drills_live(state, ["all"], DEFAULT_ARTIFACT)

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -180,9 +181,48 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str]) -> int:
                 (os.POSIX_SPAWN_DUP2, fd, 2),
             ],
             setsid=True,
+            # The child starts with no blocked signals and default handlers, whatever the
+            # parent is masking or ignoring right now (see `recording`).
+            setsigmask=(),
+            setsigdef=INTERRUPTS,
         )
     finally:
         os.close(fd)
+
+
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+class InterruptGuard:
+    """Turns SIGINT/SIGTERM/SIGHUP into StartInterruptedError, but never inside `hold()`.
+
+    A signal may reach any thread (numpy's BLAS threads, say), so masking it in the main thread
+    is not enough; instead the handler notes a signal that arrives while a part is being
+    spawned and recorded, and the interruption is raised once the part is in the state file.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+
+    def handler(self, signum: int, frame: object) -> None:
+        """The signal handler installed by `interrupt_on_signals`."""
+        if self.depth:
+            self.pending = signum
+            return
+        raise StartInterruptedError(f"interrupted by {signal.Signals(signum).name}")
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Defer interruptions until the block (spawn + record) is done."""
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise StartInterruptedError(f"interrupted by {signal.Signals(signum).name}")
 
 
 def _signal(part: PartState, sig: int) -> None:
@@ -215,6 +255,41 @@ def stop_part(part: PartState, timeout: float = 10.0) -> str:
             break
         time.sleep(0.05)
     return "killed"
+
+
+def session_leader(pid: int) -> bool:
+    """True when `pid` leads its own session, as every part the stack starts does."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return len(fields) > 3 and fields[3] == str(pid)
+
+
+def find_strays(root: Path, known: Sequence[int] = ()) -> list[PartState]:
+    """Session leaders whose arguments name a file inside `root` that the state file does not
+    list: parts a `redline up` killed between spawning and recording them had started. (A
+    `tail -f` of a log runs in its shell's session and is never taken for one.)"""
+    prefix = str(root.resolve()) + "/"
+    strays = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in (os.getpid(), *known):
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        texts = [arg.decode(errors="replace") for arg in args if arg]
+        if not any(prefix in arg for arg in texts):
+            continue
+        pid = int(entry.name)
+        ticks = start_ticks(pid)
+        if ticks is None or not session_leader(pid):
+            continue
+        strays.append(PartState(name="stray", kind="redline", pid=pid, start_ticks=ticks,
+                                log="", argv=texts, started_at=time.time()))  # fmt: skip
+    return strays
 
 
 def signal_part(part: PartState, sig: int) -> None:
@@ -376,6 +451,11 @@ def prepare_run_dir(layout: StackLayout, say: Say) -> None:
             f"{root}: stale run directory from a run that is no longer running "
             f"({len(state.parts)} recorded parts, none alive); cleaning up"
         )
+    if root.exists():
+        for stray in find_strays(root):
+            say(f"stopping a stray process of an interrupted run (pid {stray.pid}): "
+                f"{' '.join(stray.argv)[:120]}")  # fmt: skip
+            stop_part(stray)
     if root.exists() and any(root.iterdir()):
         if not layout.marker.exists() and state is None:
             leftovers = sorted(entry.name for entry in root.iterdir())
@@ -427,10 +507,13 @@ def write_configs(
 class _Starter:
     """Starts parts one by one, recording each in the state file as soon as it runs."""
 
-    def __init__(self, layout: StackLayout, state: StackState, say: Say) -> None:
+    def __init__(
+        self, layout: StackLayout, state: StackState, say: Say, guard: InterruptGuard
+    ) -> None:
         self.layout = layout
         self.state = state
         self.say = say
+        self.guard = guard
 
     def record(self, part: PartState) -> None:
         self.state.parts.append(part)
@@ -465,20 +548,21 @@ class _Starter:
     def redline(self, command: PartCommand, endpoints: Endpoints) -> PartState:
         """Spawn one redline part (not waiting for it)."""
         log = self.layout.log_file(command.part)
-        pid = spawn(command.argv, log, child_env())
         port = endpoints.ports.get(command.part)
-        part = PartState(
-            name=command.part,
-            kind="redline",
-            pid=pid,
-            start_ticks=start_ticks(pid),
-            port=port,
-            url=f"http://{endpoints.host}:{port}" if port else None,
-            log=str(log),
-            argv=list(command.argv),
-            started_at=time.time(),
-        )
-        self.record(part)
+        with self.guard.hold():
+            pid = spawn(command.argv, log, child_env())
+            part = PartState(
+                name=command.part,
+                kind="redline",
+                pid=pid,
+                start_ticks=start_ticks(pid),
+                port=port,
+                url=f"http://{endpoints.host}:{port}" if port else None,
+                log=str(log),
+                argv=list(command.argv),
+                started_at=time.time(),
+            )
+            self.record(part)
         return part
 
 
@@ -528,13 +612,43 @@ def wait_ready(part: PartState, timeout: float) -> None:
 def _load(spec_path: Path | None) -> tuple[LoadedSpec, Spec]:
     try:
         loaded = load_spec(spec_path)
+    except SpecError as exc:
+        raise StackError("\n".join(exc.problems)) from None
+    try:
         spec = apply_profile(loaded.spec, "local")
         check_regions(spec)
     except SpecError as exc:
-        raise StackError("\n".join(exc.problems)) from None
+        raise StackError(
+            "\n".join(f"{loaded.source}: {problem}" for problem in exc.problems)
+            + "\nthe local stack runs the spec's `local` profile (short scrape, evaluation and "
+            "`for` intervals); add one under `profiles:`"
+        ) from None
     except StackConfigError as exc:
-        raise StackError(f"{spec_path or 'embedded spec'}: {exc}") from None
+        raise StackError(f"{loaded.source}: {exc}") from None
     return loaded, spec
+
+
+class StartInterruptedError(StackError):
+    """`redline up` was interrupted (SIGINT, SIGTERM, SIGHUP) while starting."""
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[InterruptGuard]:
+    """While the block runs, SIGINT, SIGTERM and SIGHUP raise StartInterruptedError."""
+    guard = InterruptGuard()
+    previous = {sig: signal.signal(sig, guard.handler) for sig in INTERRUPTS}
+    try:
+        yield guard
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _shield_cleanup() -> None:
+    """Ignore further interrupts while the parts already started are being stopped."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def start_stack(
@@ -542,6 +656,7 @@ def start_stack(
     say: Say,
     setup_models: Callable[[StackState, Say], None],
     after_start: Callable[[StackState, Say], None],
+    guard: InterruptGuard | None = None,
 ) -> StackState:
     """Start every part; on any failure stop what was started and raise StackError.
 
@@ -575,11 +690,12 @@ def start_stack(
             started_at=time.time(),
         )
         write_state(layout, state)
-        starter = _Starter(layout, state, say)
+        starter = _Starter(layout, state, say, guard or InterruptGuard())
         try:
             _start_all(starter, endpoints, commands, options, setup_models, after_start)
-        except BaseException:
-            say("start-up failed; stopping the parts already started")
+        except BaseException as exc:
+            _shield_cleanup()
+            say(f"start-up failed ({type(exc).__name__}); stopping the parts already started")
             stop_parts(state.parts, say)
             layout.state_file.unlink(missing_ok=True)
             raise
@@ -598,16 +714,25 @@ def _start_all(
 ) -> None:
     say = starter.say
     say("starting redis-server, Milvus Lite (primary, replica), Prometheus, Alertmanager")
-    with ThreadPoolExecutor(max_workers=len(SERVICE_PARTS)) as pool:
-        futures = {name: pool.submit(starter.service, name, endpoints) for name in SERVICE_PARTS}
-        errors: list[str] = []
+    pool = ThreadPoolExecutor(max_workers=len(SERVICE_PARTS))
+    futures = {name: pool.submit(starter.service, name, endpoints) for name in SERVICE_PARTS}
+    errors: list[str] = []
+    try:
         for name, future in futures.items():
             try:
                 starter.record(future.result())
             except ServiceError as exc:
                 errors.append(f"{name}: {exc}")
-        if errors:
-            raise StackError("\n".join(errors))
+    finally:
+        # Interrupted while a service was still starting: wait for it and record it too, so
+        # the clean-up that follows stops it instead of leaving it running.
+        pool.shutdown(wait=True)
+        recorded = {part.name for part in starter.state.parts}
+        for name, future in futures.items():
+            if name not in recorded and future.done() and future.exception() is None:
+                starter.record(future.result())
+    if errors:
+        raise StackError("\n".join(errors))
     setup_models(starter.state, say)
     by_name = {command.part: command for command in commands}
     order = [c.part for c in commands if c.part != "loadgen"]
@@ -641,6 +766,11 @@ def stop_stack(run_dir: Path, say: Say) -> dict[str, str]:
         if state is None:
             raise StackError(f"no stack in {layout.root} (no {layout.state_file.name})")
         outcomes = stop_parts(state.parts, say)
+        # A `redline up` killed half-way may have spawned a part it had not recorded yet.
+        for stray in find_strays(layout.root):
+            outcome = stop_part(stray)
+            outcomes[f"stray pid {stray.pid}"] = outcome
+            say(f"stray process of this run (pid {stray.pid}, {stray.argv[0]}): {outcome}")
         layout.state_file.unlink(missing_ok=True)
     return outcomes
 
@@ -655,12 +785,13 @@ def restart_part(state: StackState, name: str, timeout: float = 60.0) -> PartSta
     if part_alive(part):
         stop_part(part)
     layout = state.layout()
-    pid = spawn(part.argv, Path(part.log), child_env())
-    fresh = part.model_copy(
-        update={"pid": pid, "start_ticks": start_ticks(pid), "started_at": time.time()}
-    )
-    state.parts[state.parts.index(part)] = fresh
-    write_state(layout, state)
+    with InterruptGuard().hold():
+        pid = spawn(part.argv, Path(part.log), child_env())
+        fresh = part.model_copy(
+            update={"pid": pid, "start_ticks": start_ticks(pid), "started_at": time.time()}
+        )
+        state.parts[state.parts.index(part)] = fresh
+        write_state(layout, state)
     wait_ready(fresh, timeout)
     return fresh
 

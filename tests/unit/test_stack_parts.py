@@ -6,6 +6,7 @@ import os
 import random
 import shutil
 import socket
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,6 +41,7 @@ from redline.stack.runtime import (
     StackRunningError,
     StackState,
     choose_ports,
+    find_strays,
     part_alive,
     prepare_run_dir,
     read_state,
@@ -295,3 +297,23 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+def test_strays_are_session_leaders_naming_the_run_dir(tmp_path: Path) -> None:
+    shell = shutil.which("sh")
+    assert shell is not None
+    marker = tmp_path / "run" / "config" / "part.yaml"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("x")
+    leader = spawn([shell, "-c", "sleep 60", str(marker)], tmp_path / "a.log", dict(os.environ))
+    reader = subprocess.Popen([shell, "-c", "sleep 60", str(marker)])  # same session as us
+    try:
+        found = {stray.pid for stray in find_strays(tmp_path / "run")}
+        assert leader in found
+        assert reader.pid not in found
+    finally:
+        reader.kill()
+        reader.wait()
+        part = PartState(name="x", kind="redline", pid=leader, start_ticks=start_ticks(leader),
+                         log="x", started_at=time.time())  # fmt: skip
+        stop_part(part)

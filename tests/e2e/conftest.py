@@ -1,0 +1,44 @@
+"""One local stack for the whole e2e session, started and stopped through the real CLI.
+
+The run directory is seeded with the state file of a "crashed" earlier run (its pids exited long
+ago), so every session also proves that `redline up` cleans up a stale run directory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from redline.stack.config import StackLayout
+from redline.stack.runtime import load_running, part_alive
+from tests.e2e.stack_support import (
+    UP_TIMEOUT,
+    RunningStack,
+    processes_mentioning,
+    redline,
+    seed_crashed_run,
+)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """`redline up` on a stale run directory; `redline down` at the end, nothing left behind."""
+    run_dir = tmp_path_factory.mktemp("stack") / "run"
+    run_dir.mkdir()
+    seed_crashed_run(StackLayout(run_dir))
+    started = time.monotonic()
+    up = redline("up", "--run-dir", str(run_dir), timeout=UP_TIMEOUT)
+    seconds = time.monotonic() - started
+    assert up.returncode == 0, f"redline up failed:\n{up.stdout}\n{up.stderr}"
+    state = load_running(run_dir)
+    try:
+        yield RunningStack(run_dir, state, up, seconds)
+    finally:
+        state = load_running(run_dir)  # drills may have restarted parts (new pids)
+        down = redline("down", "--run-dir", str(run_dir), timeout=180.0)
+        assert down.returncode == 0, down.stderr
+        alive = [p.name for p in state.parts if part_alive(p)]
+        assert not alive, f"still running after down: {alive}"
+        assert not processes_mentioning(str(run_dir)), "processes of the run dir survived"

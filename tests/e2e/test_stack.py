@@ -1,0 +1,189 @@
+"""`redline up`, `status`, `down` against the real binaries, and every way they can be misused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from redline.stack.config import StackLayout, build_part_names
+from redline.stack.runtime import load_running, part_alive, read_state
+from tests.e2e.stack_support import RunningStack, processes_mentioning, redline
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_up_cleans_a_stale_run_dir_and_starts_every_part(stack: RunningStack) -> None:
+    assert "stale run directory" in stack.up.stderr
+    assert not (stack.run_dir / "logs" / "old.log").exists()
+    state = stack.state
+    assert [p.name for p in state.parts] == list(build_part_names(state.regions))
+    assert all(part_alive(p) for p in state.parts)
+    assert state.status == "running"
+    for what in ("Prometheus", "Alertmanager", "Remediation receiver"):
+        assert what in stack.up.stdout
+    assert state.endpoints().prometheus_url in stack.up.stdout
+    layout = StackLayout(stack.run_dir)
+    for part in state.parts:
+        assert Path(part.log).exists() and str(stack.run_dir) in part.log, part.name
+    assert oct(layout.token_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_status_shows_every_part_healthy(stack: RunningStack) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        status = redline("status", "--run-dir", str(stack.run_dir), timeout=60)
+        if status.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert status.returncode == 0, status.stdout + status.stderr
+    for name in build_part_names(stack.state.regions):
+        assert name in status.stdout
+    assert "unhealthy" not in status.stdout
+    as_json = json.loads(redline("status", "--run-dir", str(stack.run_dir), "--json").stdout)
+    assert {p["name"] for p in as_json["parts"]} == set(build_part_names(stack.state.regions))
+
+
+def test_prometheus_and_alertmanager_run_the_generated_local_profile(stack: RunningStack) -> None:
+    endpoints = stack.state.endpoints()
+    with httpx.Client(timeout=5) as http:
+        config = http.get(f"{endpoints.prometheus_url}/api/v1/status/config").json()
+        assert "scrape_interval: 1s" in config["data"]["yaml"]
+        groups = http.get(f"{endpoints.prometheus_url}/api/v1/rules").json()["data"]["groups"]
+        rules = {r["name"]: r for g in groups for r in g["rules"]}
+        assert rules["RedLineLatencyP99"]["duration"] == 2
+        assert "p99_30s" in rules["RedLineLatencyP99"]["query"]
+        targets = http.get(f"{endpoints.prometheus_url}/api/v1/targets").json()["data"]
+        assert {t["labels"]["job"] for t in targets["activeTargets"]} >= {
+            "gateway",
+            "exporters",
+            "remediation",
+        }
+        am = http.get(f"{endpoints.alertmanager_url}/api/v2/status").json()
+        assert f"{endpoints.receiver_url}/alerts" in am["config"]["original"]
+        assert "group_wait: 1s" in am["config"]["original"]
+
+
+def test_a_second_up_on_a_live_run_dir_is_refused(stack: RunningStack) -> None:
+    before = read_state(StackLayout(stack.run_dir))
+    second = redline("up", "--run-dir", str(stack.run_dir), timeout=60)
+    assert second.returncode == 4
+    assert "already running" in second.stderr and "redline down" in second.stderr
+    after = read_state(StackLayout(stack.run_dir))
+    assert before is not None and after is not None
+    assert [p.pid for p in after.parts] == [p.pid for p in before.parts]
+    assert all(part_alive(p) for p in after.parts)
+
+
+def test_a_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    run_dir = tmp_path / "busy"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = redline("up", "--run-dir", str(run_dir), "--port", f"gateway={port}")
+    assert result.returncode == 2
+    assert f"gateway={port}" in result.stderr and "in use" in result.stderr
+    assert not (run_dir / "state.json").exists()
+    assert not processes_mentioning(str(run_dir))
+
+
+def test_bad_port_option_and_unknown_part_are_clear(tmp_path: Path) -> None:
+    result = redline("up", "--run-dir", str(tmp_path / "x"), "--port", "gateway")
+    assert result.returncode == 2 and "expected PART=PORT" in result.stderr
+    result = redline("up", "--run-dir", str(tmp_path / "y"), "--port", "grafana=3000")
+    assert result.returncode == 1 and "unknown part(s) grafana" in result.stderr
+    assert not processes_mentioning(str(tmp_path))
+
+
+def test_missing_binaries_name_the_install_command(tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {**os.environ, "PATH": str(empty)}
+    result = redline("up", "--run-dir", str(tmp_path / "run"), env=env)
+    assert result.returncode == 3
+    assert "apt-get install -y prometheus" in result.stderr
+    assert "apt-get install -y prometheus-alertmanager" in result.stderr
+    assert "apt-get install -y redis-server" in result.stderr
+    assert not (tmp_path / "run" / "state.json").exists()
+
+
+def test_specs_the_stack_cannot_run_are_refused(tmp_path: Path) -> None:
+    spec = tmp_path / "one.yaml"
+    local = "profiles:\n  local: {scrape_interval_seconds: 1, evaluation_interval_seconds: 1}\n"
+    spec.write_text("version: v1\nservice: chat\nregions: [eu]\n" + local)
+    result = redline("up", "--run-dir", str(tmp_path / "run"), "--spec", str(spec))
+    assert result.returncode == 1
+    assert f"{spec}: the local stack needs at least two regions" in result.stderr
+    spec.write_text("version: v1\nservice: chat\nregions: [eu, us]\n")
+    result = redline("up", "--run-dir", str(tmp_path / "run"), "--spec", str(spec))
+    assert result.returncode == 1
+    assert f"{spec}: profiles: unknown profile 'local'" in result.stderr
+    assert "add one under `profiles:`" in result.stderr
+    spec.write_text("version: v1\nservice: chat\n")
+    result = redline("up", "--run-dir", str(tmp_path / "run"), "--spec", str(spec))
+    assert result.returncode == 1 and f"{spec}: regions: required field is missing" in result.stderr
+    assert not processes_mentioning(str(tmp_path / "run"))
+
+
+def test_down_without_a_stack_and_status_without_one_are_clear(tmp_path: Path) -> None:
+    for command in ("down", "status"):
+        result = redline(command, "--run-dir", str(tmp_path))
+        assert result.returncode == 1
+        assert "no stack in" in result.stderr
+
+
+def _start_up(run_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "redline.cli", "up", "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_parts(run_dir: Path, count: int, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        state = read_state(StackLayout(run_dir)) if (run_dir / "state.json").exists() else None
+        if state is not None and len(state.parts) >= count:
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    raise AssertionError(f"up did not record {count} parts")
+
+
+def test_an_interrupted_up_stops_what_it_started(tmp_path: Path) -> None:
+    run_dir = tmp_path / "interrupted"
+    process = _start_up(run_dir)
+    _wait_parts(run_dir, 7, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    assert "interrupted by SIGTERM" in stderr
+    assert "stopping the parts already started" in stderr
+    assert not (run_dir / "state.json").exists()
+    assert not processes_mentioning(str(run_dir)), stderr
+
+
+def test_a_killed_up_is_cleaned_up_by_down(tmp_path: Path) -> None:
+    run_dir = tmp_path / "killed"
+    process = _start_up(run_dir)
+    _wait_parts(run_dir, 8, process)
+    process.kill()
+    process.communicate(timeout=30)
+    state = load_running(run_dir)
+    assert state.status == "starting"
+    recorded = {p.pid for p in state.parts}
+    down = redline("down", "--run-dir", str(run_dir), timeout=120)
+    assert down.returncode == 0, down.stderr
+    leftovers = [pid for pid, _ in processes_mentioning(str(run_dir))]
+    assert not leftovers, f"orphans (recorded: {sorted(recorded)}): {leftovers}"
