@@ -1,7 +1,8 @@
 """Where registries come from: the built-in factory and loading a factory by `module:function`.
 
 `build_registry(settings)` is the default factory: it registers the built-in playbooks
-(`semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay`, `reroute`),
+(`semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay`, `reroute`,
+`spot_drain`),
 constructed from the settings sections `serving`, `rollback`, `vector_index` and `reroute`. A
 playbook whose section is not configured is still registered; its jobs fail with a message naming
 the setting to set. A deployment or a test names another factory with the `playbooks` setting
@@ -21,6 +22,7 @@ from redline.remediation.playbooks import (
     FreezeWrites,
     Reroute,
     SemanticRollback,
+    SpotDrain,
 )
 from redline.remediation.settings import RemediationSettings
 
@@ -39,6 +41,13 @@ def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
             DeltaLogReplay(index, settings.redis_url, state, retention),
             FreezeAndReplay(index, settings.redis_url, state, retention),
             Reroute(settings.reroute, settings.serving, settings.redis_url),
+            SpotDrain(
+                settings.playbook_options.get("spot_drain", {}),
+                settings.serving,
+                settings.redis_url,
+                settings.spec,
+                settings.profile,
+            ),
         ]
     )
 

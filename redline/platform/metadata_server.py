@@ -9,8 +9,9 @@ AWS (IMDSv2, tokens required):
 - every `GET /latest/meta-data/...` needs `X-aws-ec2-metadata-token` with a live token, else 401.
 - `spot/instance-action` is `{"action": "terminate", "time": "2017-09-18T08:22:00Z"}` once a notice
   was issued and 404 before (the time is whole seconds: a notice for `in_seconds` shows up exactly
-  `in_seconds` before it, up to a second after it was asked for); `spot/termination-time` the time alone; `events/recommendations/
-  rebalance` is `{"noticeTime": "..."}` once a rebalance recommendation was issued, 404 before.
+  `in_seconds` before it, up to a second after it was asked for); `spot/termination-time` is the
+  time alone; `events/recommendations/rebalance` is `{"noticeTime": "..."}` once a rebalance
+  recommendation was issued, 404 before.
   Bodies are `text/plain`, as IMDS sends them.
 
 GCP:

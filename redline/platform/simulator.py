@@ -26,8 +26,8 @@ Conventions:
   it: the words after the prefix's, as if the whole answer had been generated in one go, so a
   stream interrupted and resumed elsewhere joins up with what an uninterrupted one would say.
 - Each process is one instance: answers carry its id in `x-redline-instance`, so a readiness gate
-  can tell a replacement from the node it replaces. `load_seconds` simulates loading the model after start:
-  until then `/v1/models` lists nothing and completions answer 503.
+  can tell a replacement from the node it replaces. `load_seconds` simulates loading the model
+  after start: until then `/v1/models` lists nothing and completions answer 503.
 - `/admin/stats` counts completions per `x-request-id` (the last 10 000 ids), so a test can prove
   a request ran once.
 

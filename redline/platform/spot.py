@@ -118,6 +118,7 @@ class NodeRecord:
     terminating_at: float | None = None
     recovered_at: float | None = None
     budget_seconds: float | None = None
+    preempted_instance: str = ""
     detail: str = ""
 
     @property
@@ -166,7 +167,7 @@ class NodeRecord:
                 text = raw[item.name]
                 if item.name == "state":
                     values["state"] = NodeState(text)
-                elif item.name in ("provider", "detail"):
+                elif item.name in ("provider", "detail", "preempted_instance"):
                     values[item.name] = text
                 else:
                     values[item.name] = float(text)

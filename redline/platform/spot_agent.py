@@ -82,6 +82,10 @@ class SpotAgentError(SpotError):
 # ---- state ----------------------------------------------------------------------------------
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class SpotStateStore:
     """Node records in Redis: one hash per node."""
 
@@ -106,7 +110,7 @@ class SpotStateStore:
         if not raw:
             return NodeRecord(node)
         assert isinstance(raw, dict)
-        decoded = {k.decode(): v.decode() for k, v in raw.items()}
+        decoded = {_text(k): _text(v) for k, v in raw.items()}
         return NodeRecord.from_fields(node, decoded)
 
     def put(self, record: NodeRecord) -> None:
@@ -141,7 +145,7 @@ class SpotStateStore:
         if not raw:
             return None
         assert isinstance(raw, dict)
-        data = {k.decode(): v.decode() for k, v in raw.items()}
+        data = {_text(k): _text(v) for k, v in raw.items()}
         try:
             kind = data["kind"]
             if kind not in ("interruption", "rebalance"):
@@ -272,7 +276,8 @@ class ReadinessGate:
             response = self.client.get(f"{url.rstrip('/')}/healthz")
         except httpx.HTTPError:
             return None
-        return response.headers.get(INSTANCE_HEADER)
+        instance = response.headers.get(INSTANCE_HEADER)
+        return None if instance is None else str(instance)
 
     def check(self, url: str, not_instance: str | None = None) -> ReadinessCheck:
         """Run the three checks once; `not_instance` is the preempted node's instance id."""
@@ -324,11 +329,14 @@ class ReadinessGate:
         interval: float,
         not_instance: str | None = None,
         stop: threading.Event | None = None,
+        observe: Callable[[ReadinessCheck], None] | None = None,
     ) -> ReadinessCheck:
-        """Check until ready or `timeout`; the last check either way."""
+        """Check until ready or `timeout`; the last check either way (each one to `observe`)."""
         deadline = time.monotonic() + timeout
         while True:
             check = self.check(url, not_instance)
+            if observe is not None:
+                observe(check)
             if check.ready or time.monotonic() >= deadline:
                 return check
             if stop is not None and stop.wait(interval):
@@ -436,13 +444,18 @@ class SpotDrainFlow:
     clock: Clock = time.time
     poll_seconds: float = 0.1
     on_draining: Callable[[NodeRecord], None] | None = None
-    preempted_instance: str | None = field(default=None, init=False)
+    tick: Callable[[], None] | None = None  # called on every poll (a playbook's lease check)
     last_reports: list[dict[str, Any]] = field(default_factory=list, init=False)
     last_check: ReadinessCheck | None = field(default=None, init=False)
 
     def record(self) -> NodeRecord:
         """The node's current record."""
         return self.store.get(self.node)
+
+    def _observe(self, check: ReadinessCheck) -> None:
+        self.last_check = check
+        if self.tick is not None:
+            self.tick()
 
     def drain(self, notice: Notice) -> NodeRecord:
         """Close admission, drain every gateway, DRAINING. Idempotent: a node already draining
@@ -451,6 +464,7 @@ class SpotDrainFlow:
         if record.state in (NodeState.DRAINING, NodeState.TERMINATING):
             return record
         budget = build_drain_budget(self.spot, notice)
+        self.last_check = None
         terminate = notice.terminate_at
         reason = f"spot {notice.provider} notice ({notice.action})" + (
             f", terminating at {terminate:.3f}" if terminate is not None else ""
@@ -488,7 +502,10 @@ class SpotDrainFlow:
             self.on_draining(record)
         if self.upstream_url is not None:
             # Still the preempted instance while it drains: its replacement must differ.
-            self.preempted_instance = self.gate.instance(self.upstream_url)
+            instance = self.gate.instance(self.upstream_url)
+            if instance:
+                record = replace(record, preempted_instance=instance)
+                self.store.put(record)
         return record
 
     def wait_drained(self, stop: threading.Event | None = None) -> NodeRecord:
@@ -499,6 +516,8 @@ class SpotDrainFlow:
         assert record.draining_at is not None
         deadline = record.draining_at + (record.budget_seconds or 0.0)
         while self.clock() < deadline:
+            if self.tick is not None:
+                self.tick()
             try:
                 if self.gateways.inflight(self.node) == 0:
                     break
@@ -521,9 +540,13 @@ class SpotDrainFlow:
         if self.upstream_url is None:
             raise SpotAgentError(f"node {self.node}: no upstream URL to check a replacement at")
         check = self.gate.wait(
-            self.upstream_url, timeout, max(self.poll_seconds, 0.05), self.preempted_instance, stop
+            self.upstream_url,
+            timeout,
+            max(self.poll_seconds, 0.05),
+            record.preempted_instance or None,
+            stop,
+            self._observe,
         )
-        self.last_check = check
         if not check.ready:
             log.warning("replacement of %s not ready: %s", self.node, check.detail)
             return self.record()

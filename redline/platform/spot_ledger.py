@@ -85,7 +85,7 @@ class AsyncRequestLedger:
     async def get(self, request_id: str) -> LedgerEntry | None:
         """The entry of `request_id`, or None."""
         try:
-            raw = await self.client.hgetall(self.key(request_id))  # type: ignore[misc]
+            raw = await self.client.hgetall(self.key(request_id))
         except (redis.RedisError, OSError) as exc:
             raise LedgerError(f"ledger read: {type(exc).__name__}: {exc}") from exc
         if not raw:
@@ -107,7 +107,7 @@ class AsyncRequestLedger:
     async def set_status(self, request_id: str, status: str, now: float) -> None:
         """Change the status of an existing entry."""
         try:
-            await self.client.hset(  # type: ignore[misc]
+            await self.client.hset(
                 self.key(request_id), mapping={"status": status, "updated_at": repr(now)}
             )
         except (redis.RedisError, OSError) as exc:
@@ -117,7 +117,7 @@ class AsyncRequestLedger:
         """Move an interrupted, retry-safe entry to `retrying`: its new attempt number, or
         CLAIM_NOT_FOUND / CLAIM_NOT_INTERRUPTED / CLAIM_NOT_RETRY_SAFE."""
         try:
-            result = await self.client.eval(  # type: ignore[misc]
+            result = await self.client.eval(
                 _CLAIM_RETRY, 1, self.key(request_id), repr(now), str(self.ttl_ms)
             )
         except (redis.RedisError, OSError) as exc:
@@ -130,7 +130,7 @@ class AsyncRequestLedger:
         for name, value in entry.to_fields().items():
             args += [name, value]
         try:
-            result = await self.client.eval(  # type: ignore[misc]
+            result = await self.client.eval(
                 _CLAIM_ONCE, 1, self.key(entry.request_id), "", str(self.ttl_ms), *args
             )
         except (redis.RedisError, OSError) as exc:

@@ -36,6 +36,7 @@ DRAINING and replacement latency):
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import subprocess
@@ -459,16 +460,13 @@ class SpotFleet:
                 raise SpotDrillError(f"timed out after {timeout:g} s waiting for {what}")
             time.sleep(0.02)
 
+    def _serving(self, node: str) -> bool:
+        return self.node_state(node) in ("ready", "recovered") and self.admission_open(node)
+
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Every spot node READY or RECOVERED, admission open, nothing draining."""
         for node in self.nodes:
-            self.wait_for(
-                f"{node} to serve",
-                lambda n=node: (
-                    self.node_state(n) in ("ready", "recovered") and self.admission_open(n)
-                ),
-                timeout,
-            )
+            self.wait_for(f"{node} to serve", functools.partial(self._serving, node), timeout)
         self.wait_for(
             "the gateway to drain nothing",
             lambda: not self.http.get(f"{self.gateway_url}/healthz").json()["draining"],
@@ -794,13 +792,16 @@ def _preempt_and_recover(
     for p in preemptions:
         say(f"{p.node} ({p.provider}): notice, termination in {p.terminate_at - time.time():.2f} s")
     for p in preemptions:
-        fleet.wait_for(f"{p.node} DRAINING", lambda p=p: fleet.drained_since(p.node, p), 10.0)
+        fleet.wait_for(
+            f"{p.node} DRAINING", functools.partial(fleet.drained_since, p.node, p), 10.0
+        )
         say(f"{p.node}: draining")
     window = max(fleet.spot.notice_for(p.provider) for p in preemptions)
     timeout = window + fleet.spot.readiness_timeout_seconds + 10
     for p in preemptions:
-        fleet.wait_for(f"{p.node} RECOVERED", lambda p=p: fleet.recovered_since(p.node, p),
-                       timeout)  # fmt: skip
+        fleet.wait_for(
+            f"{p.node} RECOVERED", functools.partial(fleet.recovered_since, p.node, p), timeout
+        )
         say(f"{p.node}: recovered")
     for node in nodes:
         report.check(

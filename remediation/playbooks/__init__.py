@@ -5,6 +5,7 @@
 | `semantic_rollback` | `model` | `rollback` |
 | `freeze_writes`, `delta_log_replay`, `freeze_and_replay` | `collection` | `index` |
 | `reroute` | `region` | `reroute` |
+| `spot_drain` | `node` | `spot` (options: `playbook_options.spot_drain`) |
 
 Each takes its dependencies from a section of `RemediationSettings` (`serving`, `rollback`,
 `vector_index`, `reroute`) and talks to the platform through `redline.platform` adapters or
@@ -14,5 +15,13 @@ over HTTP (`serving`), never through `redline.exporters`.
 from redline.remediation.playbooks.index import DeltaLogReplay, FreezeAndReplay, FreezeWrites
 from redline.remediation.playbooks.reroute import Reroute
 from redline.remediation.playbooks.rollback import SemanticRollback
+from redline.remediation.playbooks.spot import SpotDrain
 
-__all__ = ["DeltaLogReplay", "FreezeAndReplay", "FreezeWrites", "Reroute", "SemanticRollback"]
+__all__ = [
+    "DeltaLogReplay",
+    "FreezeAndReplay",
+    "FreezeWrites",
+    "Reroute",
+    "SemanticRollback",
+    "SpotDrain",
+]
