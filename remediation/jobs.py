@@ -40,7 +40,7 @@ import redis
 import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
-from redline.remediation.models import Alert, WebhookPayload, idempotency_key, job_id_for
+from redline.remediation.models import Alert, WebhookPayload, idempotency_key
 
 JobStatus = Literal["queued", "running", "retrying", "succeeded", "failed", "planned"]
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "planned"})
@@ -54,7 +54,12 @@ if ARGV[1] == '' then
   return {2, 'ack'}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-redis.call('HSET', KEYS[2], unpack(ARGV, 5))
+local flat = {}
+for name, value in pairs(cjson.decode(ARGV[5])) do
+  flat[#flat + 1] = name
+  flat[#flat + 1] = value
+end
+redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
@@ -224,12 +229,12 @@ def now_iso() -> str:
 
 
 def build_job_fields(
-    alert: Alert, payload: WebhookPayload, job_id: str, dry_run: bool, stamp: str
+    alert: Alert, payload: WebhookPayload, key: str, dry_run: bool, stamp: str
 ) -> dict[str, str]:
-    """The hash fields of a new job."""
+    """The hash fields of a new job whose idempotency key is `key`."""
     return {
-        "id": job_id,
-        "key": idempotency_key(alert),
+        "id": key[:32],
+        "key": key,
         "playbook": alert.playbook or "",
         "status": "queued",
         "dry_run": "1" if dry_run else "0",
@@ -549,18 +554,17 @@ class AsyncJobStore:
         for alert in payload.alerts:
             key = idempotency_key(alert)
             if alert.playbook is None:
-                job_id = ""
-                fields: list[str] = []
+                job_id, fields = "", "{}"
             else:
-                job_id = job_id_for(alert)
-                mapping = build_job_fields(
-                    alert, payload, job_id, dry_run or alert.dry_run_requested, stamp
+                job_id = key[:32]
+                # One JSON argument, not 22: packing arguments dominates the client's cost.
+                fields = json.dumps(
+                    build_job_fields(alert, payload, key, dry_run or alert.dry_run_requested, stamp)
                 )
-                fields = [item for pair in mapping.items() for item in pair]
             await self._enqueue(
                 keys=[self.keys.idem(key), self.keys.job(job_id or "-"), self.keys.stream,
                       self.keys.index],
-                args=[job_id, ttl, now_ms, ttl * 1000, *fields],
+                args=[job_id, ttl, now_ms, ttl * 1000, fields],
                 client=pipe,
             )  # fmt: skip
 
