@@ -191,13 +191,31 @@ _PACKED = struct.Struct(">cHHHHHI")
 
 def parse_packed(blob: bytes, dim: int) -> Entry:
     """Decode one entry as `_READ` packs it (op, lengths, then id, fields and vector bytes)."""
+    entry, _ = parse_packed_at(blob, 0, dim)
+    return entry
+
+
+def parse_packed_all(blob: bytes, dim: int) -> list[Entry]:
+    """Decode every entry of a `_READ` reply (entries packed back to back)."""
+    entries: list[Entry] = []
+    pos = 0
+    while pos < len(blob):
+        entry, pos = parse_packed_at(blob, pos, dim)
+        entries.append(entry)
+    return entries
+
+
+def parse_packed_at(blob: bytes, start: int, dim: int) -> tuple[Entry, int]:
+    """Decode the entry packed at `start`; returns it and where the next one starts."""
+    truncated = f"delta-log read returned a truncated entry ({len(blob)} bytes)"
     try:
-        op, *lengths = _PACKED.unpack_from(blob, 0)
+        op, *lengths = _PACKED.unpack_from(blob, start)
     except struct.error:
-        raise DeltaLogError(
-            f"delta-log read returned a truncated entry ({len(blob)} bytes)"
-        ) from None
-    pos = _PACKED.size
+        raise DeltaLogError(truncated) from None
+    end = start + _PACKED.size + sum(lengths)
+    if end > len(blob):
+        raise DeltaLogError(truncated)
+    pos = start + _PACKED.size
     parts: list[bytes] = []
     for length in lengths[:5]:
         parts.append(blob[pos : pos + length])
@@ -217,9 +235,9 @@ def parse_packed(blob: bytes, dim: int) -> Entry:
                 f"delta-log entry {sid}: vector has {lengths[5]} bytes, expected {4 * dim}"
             )
         vector = np.frombuffer(blob, dtype="<f4", count=dim, offset=pos).astype(np.float32)
-        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector)
+        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector), end
     if op == b"d":
-        return Entry(sid, "delete", row_id, region, ts_ms, "", None)
+        return Entry(sid, "delete", row_id, region, ts_ms, "", None), end
     raise DeltaLogError(f"delta-log entry {sid}: unknown op {op!r} (expected u or d)")
 
 
@@ -253,8 +271,9 @@ local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
 return {id, redis.call('EXISTS', KEYS[2])}
 """
 
-# KEYS: log. ARGV: after (exclusive), until, count. XRANGE, with each entry packed into one
-# string (see `parse_packed`): a client parses 1 value per entry instead of 13, 4-5x less CPU.
+# KEYS: log. ARGV: after (exclusive), until, count. XRANGE, with the entries packed back to back
+# into one string (see `parse_packed_at`): the client parses one reply instead of 13 values per
+# entry, 4-5x less CPU on the replay's hot path.
 _READ = """
 local rows = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[2], 'COUNT', ARGV[3])
 local out = {}
@@ -269,7 +288,7 @@ for i, entry in ipairs(rows) do
   out[i] = struct.pack('>c1HHHHHI', op, #sid, #id, #region, #ts, #sum, #vec)
     .. sid .. id .. region .. ts .. sum .. vec
 end
-return out
+return table.concat(out)
 """
 
 # KEYS: target hash, lease. ARGV: token, new checkpoint, entries, conflicts, replayed, now_ms, log,
@@ -470,11 +489,8 @@ class DeltaLog:
 
     def read_after(self, after: str, count: int, until: str | None = None) -> list[Entry]:
         """Up to `count` entries with ids in (after, until], oldest first."""
-        blobs = cast(
-            list[bytes],
-            self._read(keys=[self.stream_key], args=[after, until or "+", count]),
-        )
-        return [parse_packed(blob, self.dim) for blob in blobs]
+        blob = self._read(keys=[self.stream_key], args=[after, until or "+", count])
+        return parse_packed_all(cast(bytes, blob), self.dim)
 
     def iter_range(self, after: str, until: str, chunk: int = 1000) -> Iterator[Entry]:
         """Every entry with id in (after, until], in chunks (for verification, not for probes)."""

@@ -299,14 +299,6 @@ class MilvusTarget:
 
 
 @dataclass(frozen=True)
-class _Current:
-    version: Version
-    op: Op
-    checksum: str
-    entry: Entry | None = None
-
-
-@dataclass(frozen=True)
 class Resolution:
     """The writes a batch needs after resolving every id to its last writer."""
 
@@ -327,25 +319,28 @@ def build_resolution(
     A conflict is an entry that meets a different write of the same id from another region;
     superseded entries lose to a newer version and change nothing.
     """
-    state: dict[str, _Current] = {}
+    # per id: ((ts_ms, region), op, checksum) of what the target or an earlier entry holds;
+    # plain tuples, because this loop runs once per entry on the replay's hot path
+    state: dict[str, tuple[tuple[int, str], str, str]] = {}
     for row_id, row in rows.items():
-        state[row_id] = _Current(row.version, "upsert", row.checksum)
+        state[row_id] = ((row.version.ts_ms, row.version.region), "upsert", row.checksum)
     for row_id, version in tombstones.items():
         held = state.get(row_id)
-        if held is None or version.key() > held.version.key():
-            state[row_id] = _Current(version, "delete", "")
+        key = (version.ts_ms, version.region)
+        if held is None or key > held[0]:
+            state[row_id] = (key, "delete", "")
     winners: dict[str, Entry] = {}
     conflicts = superseded = 0
     for entry in entries:
+        key = (entry.ts_ms, entry.region)
         held = state.get(entry.id)
         if held is not None:
-            differs = held.op != entry.op or held.checksum != entry.checksum
-            if differs and held.version.region != entry.region:
+            if held[0][1] != entry.region and (held[1] != entry.op or held[2] != entry.checksum):
                 conflicts += 1
-            if entry.version.key() < held.version.key():
+            if key < held[0]:
                 superseded += 1
                 continue
-        state[entry.id] = _Current(entry.version, entry.op, entry.checksum, entry)
+        state[entry.id] = (key, entry.op, entry.checksum)
         winners[entry.id] = entry
     upserts = tuple(e for e in winners.values() if e.op == "upsert")
     deletes = tuple(e for e in winners.values() if e.op == "delete")
@@ -456,7 +451,8 @@ class DeltaApplier:
     ) -> bool:
         if not self.trust_high_water or len(regions) != 1 or not regions >= state.regions:
             return False
-        return min(e.ts_ms for e in entries) > state.high_ts_ms
+        # Equal versions go to the later arrival, and every held row arrived earlier.
+        return min(e.ts_ms for e in entries) >= state.high_ts_ms
 
 
 def _wait_batch(
@@ -702,11 +698,9 @@ class VerifyReport:
         return self.mismatches == 0
 
 
-@dataclass(frozen=True)
-class _Expected:
-    version: Version
-    op: Op
-    checksum: str
+# The last write of an id in a range: ((ts_ms, region), op, checksum). A plain tuple, as it is
+# built once per replayed entry.
+_Expected = tuple[tuple[int, str], str, str]
 
 
 def _note(expected: dict[str, _Expected], entries: Iterable[Entry]) -> int:
@@ -714,9 +708,10 @@ def _note(expected: dict[str, _Expected], entries: Iterable[Entry]) -> int:
     count = 0
     for entry in entries:
         count += 1
+        key = (entry.ts_ms, entry.region)
         held = expected.get(entry.id)
-        if held is None or entry.version.key() >= held.version.key():
-            expected[entry.id] = _Expected(entry.version, entry.op, entry.checksum)
+        if held is None or key >= held[0]:
+            expected[entry.id] = (key, entry.op, entry.checksum)
     return count
 
 
@@ -756,22 +751,22 @@ def _verify(
     tombstones = deltalog.tombstones(target.name, ids)
     verified = superseded = missing = unexpected = stale = bad_sum = 0
     wrong: list[str] = []
-    for row_id, want in expected.items():
+    for row_id, (want_key, want_op, want_checksum) in expected.items():
         row = rows.get(row_id)
         newer = [v for v in (row.version if row else None, tombstones.get(row_id)) if v]
-        if any(v.key() > want.version.key() for v in newer):
+        if any(v.key() > want_key for v in newer):
             superseded += 1
             continue
-        if want.op == "delete":
+        if want_op == "delete":
             if row is None:
                 verified += 1
                 continue
             unexpected += 1
         elif row is None:
             missing += 1
-        elif row.version != want.version:
+        elif row.version.key() != want_key:
             stale += 1
-        elif row.vector is None or vector_checksum(row.vector) != want.checksum:
+        elif row.vector is None or vector_checksum(row.vector) != want_checksum:
             bad_sum += 1
         else:
             verified += 1
