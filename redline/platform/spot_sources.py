@@ -273,6 +273,8 @@ class NoticeWatcher:
             try:
                 notices = self.source.poll()
             except (httpx.HTTPError, NoticeSourceError) as exc:
+                if self.stop.is_set():
+                    return  # shutting down: the client was closed under a long-poll
                 self.errors += 1
                 message = f"{self.source.provider} notice source: {type(exc).__name__}: {exc}"
                 log.warning("%s", message)

@@ -56,6 +56,7 @@ from redline.stack.config import (
 )
 from redline.stack.loadgen import summarize_stats
 from redline.stack.runtime import StackState, part_alive, restart_part, signal_part
+from redline.stack.spot_drills import SPOT_DRILLS
 
 T = TypeVar("T")
 Progress = Callable[[str, str], None]
@@ -1079,6 +1080,7 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "regression-negative": drill_regression_negative,
     "session-rpo": drill_session_rpo,
     "exporter-down": drill_exporter_down,
+    **SPOT_DRILLS,
 }
 """The explicit registry of drills, by name."""
 
