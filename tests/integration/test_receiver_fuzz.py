@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr
 from schemathesis import GenerationMode
 from schemathesis.core.parameters import ParameterLocation
+from schemathesis.specs.openapi.checks import negative_data_rejection
 
 from redline.remediation.app import build_receiver_app
 from redline.remediation.jobs import JobStore
@@ -451,7 +452,12 @@ def test_schemathesis_over_real_http(
             | schema["/jobs/{job_id}"]["GET"].as_strategy(GenerationMode.NEGATIVE)
         )
         def jobs_api(case: schemathesis.Case) -> None:
-            response = case.call_and_validate(base_url=server.url, headers=AUTH)
+            # A one-element array in the query serializes exactly like the string it holds,
+            # so "negative" query cases are not always negative on the wire: only the other
+            # checks (no 5xx, status and response conformance) apply here.
+            response = case.call_and_validate(
+                base_url=server.url, headers=AUTH, excluded_checks=[negative_data_rejection]
+            )
             assert response.status_code < 500
             counts["jobs"] += 1
 
