@@ -195,16 +195,6 @@ def parse_packed(blob: bytes, dim: int) -> Entry:
     return entry
 
 
-def parse_packed_all(blob: bytes, dim: int) -> list[Entry]:
-    """Decode every entry of a `_READ` reply (entries packed back to back)."""
-    entries: list[Entry] = []
-    pos = 0
-    while pos < len(blob):
-        entry, pos = parse_packed_at(blob, pos, dim)
-        entries.append(entry)
-    return entries
-
-
 def parse_packed_at(blob: bytes, start: int, dim: int) -> tuple[Entry, int]:
     """Decode the entry packed at `start`; returns it and where the next one starts."""
     truncated = f"delta-log read returned a truncated entry ({len(blob)} bytes)"
@@ -271,9 +261,10 @@ local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
 return {id, redis.call('EXISTS', KEYS[2])}
 """
 
-# KEYS: log. ARGV: after (exclusive), until, count. XRANGE, with the entries packed back to back
-# into one string (see `parse_packed_at`): the client parses one reply instead of 13 values per
-# entry, 4-5x less CPU on the replay's hot path.
+# KEYS: log. ARGV: after (exclusive), until, count. XRANGE, with each entry packed into one
+# string (see `parse_packed_at`): the client parses 1 value per entry instead of 13. Measured per
+# 10k entries of 384 dims: client 0.06 CPU-s + Redis 0.09, against 0.18 + 0.015 for XRANGE (and
+# 0.08 + 0.18 for one string for the whole batch).
 _READ = """
 local rows = redis.call('XRANGE', KEYS[1], '(' .. ARGV[1], ARGV[2], 'COUNT', ARGV[3])
 local out = {}
@@ -288,7 +279,7 @@ for i, entry in ipairs(rows) do
   out[i] = struct.pack('>c1HHHHHI', op, #sid, #id, #region, #ts, #sum, #vec)
     .. sid .. id .. region .. ts .. sum .. vec
 end
-return table.concat(out)
+return out
 """
 
 # KEYS: target hash, lease. ARGV: token, new checkpoint, entries, conflicts, replayed, now_ms, log,
@@ -489,8 +480,8 @@ class DeltaLog:
 
     def read_after(self, after: str, count: int, until: str | None = None) -> list[Entry]:
         """Up to `count` entries with ids in (after, until], oldest first."""
-        blob = self._read(keys=[self.stream_key], args=[after, until or "+", count])
-        return parse_packed_all(cast(bytes, blob), self.dim)
+        blobs = self._read(keys=[self.stream_key], args=[after, until or "+", count])
+        return [parse_packed(blob, self.dim) for blob in cast(list[bytes], blobs)]
 
     def iter_range(self, after: str, until: str, chunk: int = 1000) -> Iterator[Entry]:
         """Every entry with id in (after, until], in chunks (for verification, not for probes)."""

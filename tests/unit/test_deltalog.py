@@ -19,7 +19,7 @@ from redline.platform.deltalog import (
     check_region,
     parse_entry,
     parse_packed,
-    parse_packed_all,
+    parse_packed_at,
     parse_stream_id,
     stream_id_before,
     to_vector,
@@ -66,13 +66,11 @@ def test_packed_entries_decode_like_stream_fields() -> None:
         parse_packed(_packed(b"?", b"9-6", b"doc", b"1", b""), 4)
     with pytest.raises(DeltaLogError, match="truncated"):
         parse_packed(b"u\0", 4)
-    both = _packed(b"u", b"9-7", b"a", b"1", vector.tobytes()) + _packed(
-        b"d", b"9-8", b"b", b"2", b""
-    )
-    assert [e.id for e in parse_packed_all(both, 4)] == ["a", "b"]
-    assert parse_packed_all(b"", 4) == []
+    two = _packed(b"u", b"9-7", b"a", b"1", vector.tobytes()) + b"extra"
+    entry, end = parse_packed_at(two, 0, 4)
+    assert entry.id == "a" and two[end:] == b"extra"
     with pytest.raises(DeltaLogError, match="truncated"):
-        parse_packed_all(both[:-3], 4)
+        parse_packed(two[:-8], 4)
 
 
 def test_malformed_entries_name_the_entry_and_the_problem() -> None:
