@@ -1,0 +1,112 @@
+"""Every drill against the session's stack: each loop closes, nothing is lost, timings recorded.
+
+The drills run once, in `redline drill all` order, on the stack the session started with the real
+binaries; each test asserts one drill's result. The timings go to the artifact
+`.redline/artifacts/drills.json` (override with REDLINE_DRILLS_ARTIFACT).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from redline.stack.drills import DRILL_ORDER, DrillResult, run_drills
+from redline.stack.report import render_json, write_json
+from redline.stack.runtime import load_running
+from tests.e2e.stack_support import RunningStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACT = Path(
+    os.environ.get("REDLINE_DRILLS_ARTIFACT", REPO / ".redline" / "artifacts" / "drills.json")
+)
+
+
+@pytest.fixture(scope="module")
+def drills(stack: RunningStack) -> dict[str, DrillResult]:
+    """Run every drill once; write the artifact."""
+    state = load_running(stack.run_dir)
+    started = time.monotonic()
+
+    def progress(drill: str, message: str) -> None:
+        if not message.startswith("waiting for"):
+            print(f"[{time.monotonic() - started:6.1f} s] [{drill}] {message}", flush=True)
+
+    results = run_drills(["all"], state, state.load_spec(), progress)
+    extra = {
+        "run_dir": str(stack.run_dir),
+        "rate": state.rate,
+        "up_seconds": round(stack.up_seconds, 1),
+        "drills_seconds": round(time.monotonic() - started, 1),
+    }
+    write_json(ARTIFACT, render_json(results, extra))
+    return {result.drill: result for result in results}
+
+
+def _explain(result: DrillResult) -> str:
+    failed = [f"{c.name}: {c.detail}" for c in result.checks if not c.ok]
+    return f"{result.drill}: error={result.error} failed checks={failed} {result.as_dict()}"
+
+
+@pytest.mark.parametrize("name", DRILL_ORDER)
+def test_the_drill_loop_closes_within_budget(drills: dict[str, DrillResult], name: str) -> None:
+    result = drills[name]
+    assert result.error is None, _explain(result)
+    assert all(check.ok for check in result.checks), _explain(result)
+    if not result.expect_alert:
+        assert result.firing_at is None, _explain(result)
+        return
+    fault = result.fault_at
+    assert fault is not None
+    detected, notified, recovered = result.firing_at, result.notified_at, result.recovered_at
+    assert detected is not None and notified is not None and recovered is not None, _explain(result)
+    # Detection is polled (0.1 s), so the webhook may be stamped a moment before it.
+    assert fault < detected < recovered and fault < notified < recovered, _explain(result)
+    if result.playbook is not None:
+        started, remediated = result.playbook_started_at, result.remediated_at
+        assert started is not None and remediated is not None, _explain(result)
+        assert notified <= started <= remediated, _explain(result)
+    assert result.within_budget, _explain(result)
+    assert result.ok, _explain(result)
+
+
+@pytest.mark.parametrize("name", ["staleness", "session-rpo"])
+def test_no_acknowledged_write_is_lost(drills: dict[str, DrillResult], name: str) -> None:
+    result = drills[name]
+    assert result.lost == 0, _explain(result)
+    written = int(result.lost_detail.split()[0])
+    assert written > 10, result.lost_detail
+
+
+@pytest.mark.parametrize("name", [n for n in DRILL_ORDER if n != "regression"])
+def test_users_see_no_failed_request(drills: dict[str, DrillResult], name: str) -> None:
+    result = drills[name]
+    assert result.failed_requests == 0, f"{result.failed_detail} {_explain(result)}"
+
+
+def test_each_playbook_did_its_job(drills: dict[str, DrillResult]) -> None:
+    checks = {(r.drill, c.name): c for r in drills.values() for c in r.checks}
+    assert checks[("latency", "gateway routes to the secondary")].ok
+    assert checks[("latency", "P99 via secondary under the red line")].ok
+    assert checks[("latency", "routing restored after the hold-down")].ok
+    assert checks[("staleness", "writes unfrozen after the verified replay")].ok
+    assert checks[("regression", "v1 active again")].ok
+    assert checks[("regression", "every region serves v1")].ok
+    assert checks[("regression-negative", "gate stays quiet")].ok
+    assert checks[("regression-negative", "latency signal on, with enough traffic")].ok
+    assert checks[("exporter-down", "every SLI of the exporter is reported absent")].ok
+
+
+def test_the_artifact_holds_every_drills_timings(drills: dict[str, DrillResult]) -> None:
+    data = json.loads(ARTIFACT.read_text())
+    assert [d["drill"] for d in data["drills"]] == list(DRILL_ORDER)
+    for entry in data["drills"]:
+        for key in ("time_to_detect", "time_to_notify", "time_to_remediate", "time_to_recover",
+                    "lost", "pipeline_budget_plus_2s", "within_budget"):  # fmt: skip
+            assert key in entry
+    assert data["ok"] is all(r.ok for r in drills.values())
