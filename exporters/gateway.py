@@ -453,7 +453,7 @@ class _Inflight:
     region: str = ""
     attempt: int = 1
     attempt_started: float = 0.0
-    task: asyncio.Task[Any] | None = None
+    task: asyncio.Task[Any] | None = None  # the request's task while an attempt is pending
     response: UpstreamResponse | None = None
     tally: _StreamTally | None = None
     prefix_tokens: int = 0  # served to the client by earlier attempts (a resumed request)
@@ -907,7 +907,9 @@ class Gateway:
         resume = request.headers.get(RESUME_HEADER)
         client_id = request.headers.get(REQUEST_ID_HEADER)
         req.request_id = (resume or client_id or uuid.uuid4().hex)[:128]
-        if client_id != req.request_id:
+        if client_id is None:
+            req.headers.append((REQUEST_ID_HEADER, req.request_id))
+        elif client_id != req.request_id:
             req.headers = [(k, v) for k, v in req.headers if k != REQUEST_ID_HEADER]
             req.headers.append((REQUEST_ID_HEADER, req.request_id))
         inflight = _Inflight(req.request_id, req.stream, True, None)
@@ -1166,14 +1168,16 @@ class Gateway:
         inflight.region = region
         inflight.attempt_started = time.perf_counter()
         inflight.abort_reason = None
-        task = asyncio.ensure_future(self._attempt(req, region, budget, body))
+        # A drain cancels this very task while it waits for the attempt (no task of its own per
+        # attempt: that would cost every request), and the cancellation is taken back here.
+        task = asyncio.current_task()
         inflight.task = task
         try:
-            outcome = await task
+            outcome = await self._attempt(req, region, budget, body)
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if inflight.abort_reason is None or (current is not None and current.cancelling()):
+            if inflight.abort_reason is None or task is None or task.cancelling() != 1:
                 raise
+            task.uncancel()
             return _Failure("spot_preemption", f"aborted by a spot drain: {inflight.abort_reason}")
         finally:
             inflight.task = None
