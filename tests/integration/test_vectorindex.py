@@ -287,7 +287,7 @@ def test_replay_killed_with_sigkill_resumes_and_loses_nothing(
 
     log_file = (tmp_path / "replay.log").open("wb")
     process = subprocess.Popen(
-        [*_replay_cmd(index, redis_url), "--max-rows-per-second", "1500"],
+        [*_replay_cmd(index, redis_url), "--max-rows-per-second", "1000"],
         stdout=log_file,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
