@@ -496,7 +496,12 @@ def expected_answer(prompt: str, max_tokens: int) -> str:
 
 
 def run_request(
-    client: httpx.Client, prompt: str, max_tokens: int, stream: bool, max_attempts: int = 6
+    client: httpx.Client,
+    prompt: str,
+    max_tokens: int,
+    stream: bool,
+    max_attempts: int = 6,
+    on_served: Callable[[str], None] | None = None,
 ) -> RequestOutcome:
     """One request under the retry contract, checked against the uninterrupted answer."""
     body = {
@@ -512,7 +517,7 @@ def run_request(
     while outcome.attempts < max_attempts:
         outcome.attempts += 1
         try:
-            step = _attempt(client, body, headers, stream)
+            step = _attempt(client, body, headers, stream, on_served)
         except httpx.HTTPError as exc:
             outcome.failure = f"{type(exc).__name__}: {exc}"  # a cut stream, a refused connect
             return outcome
@@ -550,7 +555,11 @@ def run_request(
 
 
 def _attempt(
-    client: httpx.Client, body: dict[str, Any], headers: dict[str, str], stream: bool
+    client: httpx.Client,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    stream: bool,
+    on_served: Callable[[str], None] | None = None,
 ) -> tuple[int, str, str | None, str, dict[str, Any] | None, bool]:
     """(status, served region, resumed header, content, spot error, saw [DONE])."""
     if not stream:
@@ -562,6 +571,8 @@ def _attempt(
         return 200, served, response.headers.get(RESUMED_HEADER), content, None, True
     with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
         served = response.headers.get("x-redline-served-region", "")
+        if on_served is not None:
+            on_served(served)  # the stream is committed to that node from here on
         if response.status_code != 200:
             return response.status_code, served, None, response.read().decode(), None, False
         parts: list[str] = []
@@ -620,15 +631,17 @@ class SpotLoad:
                 with self.lock:
                     self.outcomes.append(outcome)
 
-    def burst(self, count: int, max_tokens: int) -> None:
-        """`count` more streams of `max_tokens` at once, beside the workers."""
+    def burst(self, count: int, max_tokens: int) -> list[str]:
+        """`count` more streams of `max_tokens` at once, beside the workers; the list fills with
+        the node each one streams from as soon as it does."""
+        served: list[str] = []
 
         def one(index: int) -> None:
             with httpx.Client(
                 base_url=self.gateway_url, timeout=httpx.Timeout(60.0, connect=2.0), trust_env=False
             ) as client:
                 prompt = f"spot drill burst {uuid.uuid4().hex[:8]} {index}"
-                outcome = run_request(client, prompt, max_tokens, True)
+                outcome = run_request(client, prompt, max_tokens, True, on_served=served.append)
             with self.lock:
                 self.outcomes.append(outcome)
 
@@ -636,6 +649,7 @@ class SpotLoad:
             thread = threading.Thread(target=one, args=(index,), daemon=True)
             self.threads.append(thread)
             thread.start()
+        return served
 
     def __enter__(self) -> SpotLoad:
         for thread in self.threads:
@@ -863,9 +877,9 @@ def drill_spot_long_streams(fleet: SpotFleet, say: Say) -> SpotDrillReport:
     wasted = fleet.gateway_total("llm_spot_wasted_decode_tokens_total")
     with SpotLoad(fleet.gateway_url, 6, LoadMix((200, 160, 240), 0.0)) as load:
         time.sleep(2.0)
-        # Short streams that are in flight when the notice lands: they fit the budget.
-        load.burst(6, 24)
-        time.sleep(0.15)
+        # Short streams in flight on the node when the notice lands: 24 tokens always fit.
+        served = load.burst(6, 24)
+        fleet.wait_for(f"a short stream on {node}", lambda: node in served, 10.0)
         _preempt_and_recover(fleet, report, say, [node])
         time.sleep(0.5)
     _finish(fleet, report, load, wasted)
