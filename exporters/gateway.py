@@ -1071,6 +1071,8 @@ class Gateway:
                 version = outcome.response.header(MODEL_VERSION_HEADER, "unknown")[:128]
                 self.revisions[(region, req.model)] = version
                 if entry is not None:
+                    # Nothing was served before: a fresh run is exactly the rest of it.
+                    resumed = resumed or entry.served_prefix_tokens == 0
                     self._count_retry(entry, resumed, inflight)
                 return await self._respond(
                     req, order[0], region, index > 0, outcome, record, inflight, resumed
