@@ -31,7 +31,7 @@ from redline.stack.models import (
     record_baselines,
     write_adapters,
 )
-from redline.stack.report import DrillBoard, build_table, render_json, write_json
+from redline.stack.report import TABLE_WIDTH, DrillBoard, build_table, render_json, write_json
 from redline.stack.runtime import (
     BinaryMissingError,
     InterruptGuard,
@@ -267,7 +267,7 @@ def run_drills_live(
                 err.print(f"[{drill}] {message}", markup=False)
 
         results = run_drills(wanted, state, spec, plain, board.done)
-    out.print(build_table(results))
+    out.print(build_table(results), width=None if out.is_terminal else TABLE_WIDTH)
     text = render_json(results, {"run_dir": state.run_dir, "rate": state.rate})
     stamp = time.strftime("%Y%m%dT%H%M%S")
     write_json(state.layout().drills_dir / f"drills-{stamp}.json", text)

@@ -29,6 +29,8 @@ COLUMNS = (
     ("failed req", "failed_requests"),
     ("result", "ok"),
 )
+TABLE_WIDTH = 150
+"""Width the table is laid out for when the output is not a terminal (logs, CI)."""
 
 
 def _seconds(value: Any) -> str:
@@ -42,12 +44,11 @@ def build_rows(results: Sequence[DrillResult]) -> list[dict[str, str]]:
         data = result.as_dict()
         start = data["time_to_pipeline_end"]
         delay = data["condition_delay"]
+        start_text = _seconds(start)
         if start is not None and delay:
-            start_text = f"{start:.1f} s ({start - delay:.1f} after onset)"
-        else:
-            start_text = _seconds(start)
+            start_text += f" ({start - delay:.1f})"
         if result.playbook is None and start is not None:
-            start_text += " (notify)"
+            start_text += " webhook"
         within = data["within_budget"]
         budget = f"{data['pipeline_budget_plus_2s']:.1f} s" + (
             "" if within is None else (" ok" if within else " OVER")
@@ -77,9 +78,10 @@ def build_table(results: Sequence[DrillResult], title: str = "redline drills") -
     """The timings table (seconds from the injected fault)."""
     table = Table(
         title=title,
-        caption="seconds from the injected fault; playbook start (or, without a playbook, the "
-        "webhook) is judged after the fault's onset against scrape + eval + for + group_wait "
-        "of the local profile + 2 s",
+        caption="Seconds from the injected fault. Playbook start (or the webhook, for an alert "
+        "without a playbook) is judged, in brackets, from the fault's onset against the budget: "
+        "scrape + eval + for + group_wait of the local profile, + 2 s. lost: acknowledged writes "
+        "missing afterwards; failed req: user requests that failed during the drill.",
     )
     for header, _ in COLUMNS:
         table.add_column(header, justify="left" if header in ("drill", "alert") else "right")

@@ -272,7 +272,7 @@ def test_report_rows_and_json() -> None:
                  failed_requests=0)  # fmt: skip
     row = build_rows([ok])[0]
     assert row["detect"] == "5.2 s"
-    assert row["playbook start"] == "6.3 s (5.4 after onset)"
+    assert row["playbook start"] == "6.3 s (5.4)"
     assert row["budget+2"] == "7.0 s ok"
     assert row["lost"] == "n/a" and row["result"] == "ok"
     assert '"drill": "latency"' in render_json([ok])
