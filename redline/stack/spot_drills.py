@@ -211,7 +211,7 @@ class SpotFleet:
                 "routing_key_prefix": f"{self.config.key_prefix}:routing",
                 "ledger_key_prefix": f"{self.config.key_prefix}:ledger",
                 "routing_refresh_seconds": 0.25,
-                "first_byte_budget_seconds": 2.0,
+                "first_byte_budget_seconds": 5.0,
                 "first_byte_budget_streaming_only": True,
                 "log_level": "warning",
             },
