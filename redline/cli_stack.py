@@ -297,7 +297,10 @@ def drill(
         state = load_running(run_dir)
     except (DrillError, StackError) as exc:
         raise _fail(exc) from None
-    results = run_drills_live(state, names, json_out)
+    try:
+        results = run_drills_live(state, names, json_out)
+    except DrillError as exc:
+        raise _fail(exc) from None
     if not all(result.ok for result in results):
         raise typer.Exit(1)
 

@@ -24,11 +24,13 @@ starts clean. Results are plain data (`DrillResult.as_dict()`), written as JSON 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -43,7 +45,7 @@ from redline.platform.sessions import SessionWriter, open_redis, stream_id_ms
 from redline.platform.snapshots import SnapshotRegistry
 from redline.platform.vectorindex import IndexWriter, MilvusTarget, TargetSpec
 from redline.rules.build import p99_record, rollback_records
-from redline.slo.spec import Spec
+from redline.slo.spec import Spec, parse_duration
 from redline.stack.config import (
     ADAPTER,
     COLLECTION,
@@ -586,8 +588,7 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
         )
         ctx.say(result.drill, f"repairing {primary} (fault removed)")
         ctx.probe.set_faults(primary, saved)
-        window = float(red.window.rstrip("s")) if red.window.endswith("s") else 300.0
-        wait_recovered(ctx, result, labels, window + 60.0)
+        wait_recovered(ctx, result, labels, parse_duration(red.window) + 60.0)
         resolved = wait_job(ctx, result, "reroute", labels, "resolved", 30.0)
         result.resolved_notified_at = parse_time(resolved["created_at"])
         wait_job_done(ctx, result.drill, "reroute", resolved["id"], 90.0)
@@ -1105,11 +1106,9 @@ def run_drill(name: str, ctx: DrillContext) -> DrillResult:
     failures = ctx.probe.loadgen_failures()
     try:
         result = DRILLS[name](ctx)
-    except (DrillError, httpx.HTTPError, redis.RedisError, OSError) as exc:
+    except Exception as exc:  # one broken drill is a failed result; the others still run
         result = DrillResult(name, "", None, 0.0, fault_at=started)
-        result.error = (
-            f"{type(exc).__name__}: {exc}" if not isinstance(exc, DrillError) else str(exc)
-        )
+        result.error = str(exc) if isinstance(exc, DrillError) else f"{type(exc).__name__}: {exc}"
         ctx.say(name, f"FAILED: {result.error}")
     result.finished_at = time.time()
     try:
@@ -1155,6 +1154,22 @@ class DeferredWatcher:
         self.thread.join(5)
 
 
+@contextlib.contextmanager
+def drill_lock(layout: StackLayout) -> Iterator[None]:
+    """One drill run per stack at a time: two would break each other's faults."""
+    with open(layout.root / ".drill.lock", "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DrillError(
+                f"drills are already running on the stack in {layout.root}; wait for them"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def run_drills(
     names: Sequence[str],
     state: StackState,
@@ -1165,7 +1180,7 @@ def run_drills(
     """Run the named drills in sequence on one stack; deferred recoveries are awaited last."""
     wanted = resolve_names(names)
     results: list[DrillResult] = []
-    with httpx.Client(timeout=10.0, trust_env=False) as http:
+    with drill_lock(state.layout()), httpx.Client(timeout=10.0, trust_env=False) as http:
         ctx = DrillContext(state, spec, StackProbe(state, http), progress)
         ctx.defer_recovery = len(wanted) > 1
         with DeferredWatcher(ctx):

@@ -20,6 +20,7 @@ from redline.stack.drills import (
     DRILL_ORDER,
     DrillError,
     DrillResult,
+    drill_lock,
     labels_match,
     parse_time,
     regression_latency,
@@ -317,3 +318,13 @@ def test_strays_are_session_leaders_naming_the_run_dir(tmp_path: Path) -> None:
         part = PartState(name="x", kind="redline", pid=leader, start_ticks=start_ticks(leader),
                          log="x", started_at=time.time())  # fmt: skip
         stop_part(part)
+
+
+def test_two_drill_runs_on_one_stack_are_refused(tmp_path: Path) -> None:
+    layout = StackLayout(tmp_path)
+    with drill_lock(layout):
+        with pytest.raises(DrillError, match="drills are already running"):
+            with drill_lock(layout):
+                pass
+    with drill_lock(layout):
+        pass
