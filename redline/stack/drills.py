@@ -641,9 +641,11 @@ class _AckedWriter:
             self.stop.wait(1.0 / self.rate)
 
     def start(self) -> None:
+        """Start writing."""
         self.thread.start()
 
     def finish(self) -> None:
+        """Stop writing and wait for the last write."""
         self.stop.set()
         self.thread.join(10)
 
@@ -654,6 +656,7 @@ class _AckedWriter:
                 or rows[i].checksum != checksum]  # fmt: skip
 
     def close(self) -> None:
+        """Release the Milvus and Redis connections."""
         self.primary.close()
         self.client.close()
 

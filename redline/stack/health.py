@@ -50,9 +50,11 @@ class _Checker:
         self.layout: StackLayout = state.layout()
 
     def get(self, url: str) -> httpx.Response:
+        """GET with the checker's client."""
         return self.http.get(url)
 
     def check(self, part: PartState) -> tuple[bool, str]:
+        """Whether a running part is healthy, and what was seen."""
         name = part.name
         url = part.url or ""
         if name == "redis":

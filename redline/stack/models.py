@@ -1,13 +1,13 @@
 """The demo adapter's versions: their files, their snapshots and their measured baselines.
 
-`redline up` writes two versions of the `chat-lora` adapter (weights, config and a `version`
-file, as a LoRA directory holds), records both in the snapshot registry (v1 active), and, once
+`redline up` writes three versions of the `chat-lora` adapter (weights, config and a `version`
+file, as a LoRA directory holds), records them in the snapshot registry (v1 active), and, once
 the gateway runs, measures each version through it: P99 latency (estimated from the spec's
 histogram buckets exactly as Prometheus's `histogram_quantile` would, so the rollback gate
 compares like with like), golden-set accuracy and the reference answers the rollback's
-continuity check compares against. Both are then marked verified with those baselines: v2 is a
-version that passed its checks before it was rolled out, and regresses in production when a
-drill injects the fault.
+continuity check compares against. Each is then marked verified with those baselines: v2 and v3
+are releases that passed their checks before they were rolled out and regress in production
+when a drill injects the fault (v2 on latency and accuracy, v3 on latency only).
 """
 
 from __future__ import annotations

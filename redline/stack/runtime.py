@@ -516,6 +516,7 @@ class _Starter:
         self.guard = guard
 
     def record(self, part: PartState) -> None:
+        """Add a started part to the state file at once."""
         self.state.parts.append(part)
         write_state(self.layout, self.state)
 
