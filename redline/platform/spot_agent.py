@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 DEFAULT_AGENT_PORT = 9110
 DEFAULT_STATE_PREFIX = "redline:spot"
 INSTANCE_HEADER = "x-redline-instance"
+RECHECK_SECONDS = 10.0
+"""How often an agent whose replacement missed the readiness timeout checks it again."""
 NOTICE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
 Clock = Callable[[], float]
 
@@ -686,12 +688,27 @@ class SpotAgent:
     def _run(self) -> None:
         # A replacement's agent (or a restarted one) finishes what the last one left undone.
         self._continue(self.flow.record())
+        last_check = time.monotonic()
         while not self.stop.is_set():
             try:
                 notice = self.notices.get(timeout=0.2)
             except queue.Empty:
+                if time.monotonic() - last_check >= RECHECK_SECONDS:
+                    # Past the readiness timeout the node stays closed; keep looking, slowly,
+                    # so a replacement that comes up late is still admitted.
+                    last_check = time.monotonic()
+                    self._recheck()
                 continue
             self.handle(notice)
+            last_check = time.monotonic()
+
+    def _recheck(self) -> None:
+        try:
+            record = self.flow.record()
+            if record.state is NodeState.TERMINATING:
+                self.flow.recover(0.0, self.stop)
+        except (SpotAgentError, SpotStateError, httpx.HTTPError, redis.RedisError) as exc:
+            self._error(f"recheck: {type(exc).__name__}: {exc}")
 
     def handle(self, notice: Notice) -> NodeRecord | None:
         """Run the flow for one notice (rebalance notices only drain when configured)."""
