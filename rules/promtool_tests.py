@@ -139,34 +139,32 @@ def _series(name: str, labels: dict[str, str]) -> str:
     return f"{name}{{{inner}}}" if inner else name
 
 
-def constant(value: float, minutes: int) -> str:
-    """A series holding `value` for `minutes` minutes."""
-    return f"{number(value)}+0x{minutes}"
+def constant(value: float, steps: int) -> str:
+    """A series holding `value` for `steps` samples."""
+    return f"{number(value)}+0x{steps}"
 
 
-def counter(per_minute: float, minutes: int) -> str:
-    """A counter growing by `per_minute` each minute."""
-    return f"0+{number(per_minute)}x{minutes}"
+def counter(per_step: float, steps: int) -> str:
+    """A counter growing by `per_step` each sample, for `steps` samples."""
+    return f"0+{number(per_step)}x{steps}"
 
 
 def histogram(
-    spec: Spec, labels: dict[str, str], per_bucket: dict[float, int], minutes: int
+    spec: Spec, labels: dict[str, str], per_bucket: dict[float, int], steps: int
 ) -> dict[str, str]:
-    """Bucket, count and sum series of the latency histogram; `per_bucket` maps a bucket's upper
-    bound to the requests falling in it each minute."""
+    """Bucket, count and sum series of the latency histogram over `steps` samples; `per_bucket`
+    maps a bucket's upper bound to the requests falling in it each step."""
     base = spec.sources.request_duration
     out: dict[str, str] = {}
     cumulative = 0
     for bound in spec.sources.histogram_buckets:
         cumulative += per_bucket.get(bound, 0)
-        out[_series(f"{base}_bucket", {**labels, "le": number(bound)})] = counter(
-            cumulative, minutes
-        )
+        out[_series(f"{base}_bucket", {**labels, "le": number(bound)})] = counter(cumulative, steps)
     cumulative += per_bucket.get(math.inf, 0)
-    out[_series(f"{base}_bucket", {**labels, "le": "+Inf"})] = counter(cumulative, minutes)
-    out[_series(f"{base}_count", labels)] = counter(cumulative, minutes)
+    out[_series(f"{base}_bucket", {**labels, "le": "+Inf"})] = counter(cumulative, steps)
+    out[_series(f"{base}_count", labels)] = counter(cumulative, steps)
     total = sum(bound * n for bound, n in per_bucket.items() if bound != math.inf)
-    out[_series(f"{base}_sum", labels)] = counter(total, minutes)
+    out[_series(f"{base}_sum", labels)] = counter(total, steps)
     return out
 
 
@@ -199,11 +197,14 @@ def build_red_line_cases(spec: Spec, rules: _Rules) -> list[Case]:
         "model_version": "v1", "status": "200",
     }  # fmt: skip
     labels_fast = {**labels_slow, "region": secondary, "rerouted": "false"}
+    # At least four samples in the quantile's rate window (the local profile's is 30 s).
+    step = min(SERIES_INTERVAL, int(parse_duration(red.latency_p99.window) // 4))
+    steps = 900 // step + 5
     latency = Case(
         "latency red line: slow rerouted traffic in one region fires, fast traffic does not",
         {
-            **histogram(spec, labels_slow, {above: 100}, 30),
-            **histogram(spec, labels_fast, {at: 100}, 30),
+            **histogram(spec, labels_slow, {above: 100}, steps),
+            **histogram(spec, labels_fast, {at: 100}, steps),
         },
         900,
         [
@@ -212,6 +213,7 @@ def build_red_line_cases(spec: Spec, rules: _Rules) -> list[Case]:
                 [expected(rules.get("RedLineLatencyP99"), {"region": primary}, p99)],
             )
         ],
+        interval_seconds=step,
     )
     keep = red.context_keepalive
     keep_rule = rules.get("RedLineContextKeepalive")
