@@ -182,7 +182,10 @@ def test_settings_take_the_minimum_from_the_spec_unless_overridden(redis_url: st
 def test_missing_notification_flags_are_reported_when_config_set_is_not_allowed(
     tmp_path: Path,
 ) -> None:
-    service = start_redis(tmp_path / "redis")  # starts with Exg: no `e`, evictions unseen
+    service = start_redis(tmp_path / "redis")
+    admin = redis.Redis.from_url(service.extra["url"])
+    admin.config_set("notify-keyspace-events", "Exg")  # no `e`: evictions would go unseen
+    admin.close()
     probe = KeepaliveProbe(
         service.extra["url"], ttl_seconds=30, min_seconds=1, configure_notifications=False
     )
