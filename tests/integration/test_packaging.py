@@ -1,0 +1,56 @@
+"""A built wheel installs every package under `redline.*` and works from outside the repo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.integration
+
+CHECK = """
+import redline, redline.slo.load as load, redline.rules.build as build, redline.remediation.app
+import redline.exporters.app, redline.dashboards, redline.platform.processes
+assert redline.__file__.startswith(TARGET), redline.__file__
+spec = load.load_spec().spec            # the embedded default travels in the wheel
+assert build.build_rule_groups(spec)
+print("ok", redline.__file__)
+"""
+
+
+def test_wheel_imports_cleanly_outside_the_repo(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+         "-w", str(wheels), str(ROOT)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = wheels.glob("redline-*.whl")
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+         str(wheel)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    for top in ("slo", "rules", "exporters", "remediation", "dashboards"):
+        assert not (target / top).exists(), f"{top} installed as a top-level package"
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    result = subprocess.run(
+        [sys.executable, "-c", f"TARGET = {str(target)!r}\n{CHECK}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok ")
+
+
+def test_editable_install_imports_outside_the_repo(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", f"TARGET = {str(ROOT)!r}\n{CHECK}"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
