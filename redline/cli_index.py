@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -178,6 +178,14 @@ def _common(**values: Any) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _open_replica(
+    config: Path | None, redis_url: str | None, collection: str | None, replica_name: str | None
+) -> AbstractContextManager[_Index]:
+    """Open the index for the Redis-only replica commands (`pause`, `resume`, `status`)."""
+    overrides = _common(redis_url=redis_url, collection=collection, replica_name=replica_name)
+    return _open(config, None, **overrides)
+
+
 @index_app.command()
 def replicate(
     config: ConfigOpt = None,
@@ -319,8 +327,7 @@ def pause(
     replica_name: ReplicaNameOpt = None,
 ) -> None:
     """Pause the replica's replicator (drills)."""
-    overrides = _common(redis_url=redis_url, collection=collection, replica_name=replica_name)
-    with _open(config, None, **overrides) as ix:
+    with _open_replica(config, redis_url, collection, replica_name) as ix:
         ix.log.set_paused(ix.replica.name, True)
 
 
@@ -332,8 +339,7 @@ def resume(
     replica_name: ReplicaNameOpt = None,
 ) -> None:
     """Resume the replica's replicator."""
-    overrides = _common(redis_url=redis_url, collection=collection, replica_name=replica_name)
-    with _open(config, None, **overrides) as ix:
+    with _open_replica(config, redis_url, collection, replica_name) as ix:
         ix.log.set_paused(ix.replica.name, False)
 
 
@@ -345,8 +351,7 @@ def status(
     replica_name: ReplicaNameOpt = None,
 ) -> None:
     """Print the delta log, freeze flag and replica checkpoint as JSON (Redis only)."""
-    overrides = _common(redis_url=redis_url, collection=collection, replica_name=replica_name)
-    with _open(config, None, **overrides) as ix:
+    with _open_replica(config, redis_url, collection, replica_name) as ix:
         name = ix.replica.name
         state = ix.log.target_state(name)
         pending, oldest = ix.log.pending(name, state)
