@@ -247,7 +247,7 @@ DRILL_HELP = "Drill name(s): all, " + ", ".join(DRILL_ORDER)
 
 
 def run_drills_live(
-    state: StackState, names: list[str], artifact: Path | None
+    state: StackState, names: list[str], artifact: Path | None, as_json: bool = False
 ) -> list[DrillResult]:
     """Run drills with a live board on stderr; print the table; write the JSON results."""
     spec = state.load_spec()
@@ -267,13 +267,16 @@ def run_drills_live(
                 err.print(f"[{drill}] {message}", markup=False)
 
         results = run_drills(wanted, state, spec, plain, board.done)
-    out.print(build_table(results), width=None if out.is_terminal else TABLE_WIDTH)
     text = render_json(results, {"run_dir": state.run_dir, "rate": state.rate})
+    if as_json:
+        typer.echo(text)
+    else:
+        out.print(build_table(results), width=None if out.is_terminal else TABLE_WIDTH)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     write_json(state.layout().drills_dir / f"drills-{stamp}.json", text)
     if artifact is not None:
         write_json(artifact, text)
-        out.print(f"drill results written to {artifact}", markup=False)
+        err.print(f"drill results written to {artifact}", markup=False)
     for result in results:
         for check in result.checks:
             if not check.ok:
@@ -290,6 +293,9 @@ def drill(
     json_out: Annotated[
         Path | None, typer.Option("--json-out", help="Also write the results JSON here.")
     ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON instead of the table.")
+    ] = False,
 ) -> None:
     """Inject a fault into the running stack and time detect, notify, remediate, recover."""
     try:
@@ -298,7 +304,7 @@ def drill(
     except (DrillError, StackError) as exc:
         raise _fail(exc) from None
     try:
-        results = run_drills_live(state, names, json_out)
+        results = run_drills_live(state, names, json_out, as_json)
     except DrillError as exc:
         raise _fail(exc) from None
     if not all(result.ok for result in results):

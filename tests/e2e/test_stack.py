@@ -187,3 +187,16 @@ def test_a_killed_up_is_cleaned_up_by_down(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     leftovers = [pid for pid, _ in processes_mentioning(str(run_dir))]
     assert not leftovers, f"orphans (recorded: {sorted(recorded)}): {leftovers}"
+
+
+def test_drill_from_the_cli_prints_json_and_writes_it(stack: RunningStack, tmp_path: Path) -> None:
+    unknown = redline("drill", "nope", "--run-dir", str(stack.run_dir))
+    assert unknown.returncode == 1 and "unknown drill 'nope'" in unknown.stderr
+    out = tmp_path / "drill.json"
+    result = redline("drill", "session-rpo", "--run-dir", str(stack.run_dir), "--json",
+                     "--json-out", str(out), timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    printed = json.loads(result.stdout)
+    assert printed["ok"] is True and [d["drill"] for d in printed["drills"]] == ["session-rpo"]
+    assert json.loads(out.read_text())["drills"][0]["time_to_detect"] > 0
+    assert list((stack.run_dir / "drills").glob("drills-*.json"))
