@@ -161,12 +161,19 @@ def _wait_parts(run_dir: Path, count: int, process: subprocess.Popen[str]) -> No
     raise AssertionError(f"up did not record {count} parts")
 
 
+def _interrupt(process: subprocess.Popen[str], sig: int) -> str:
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=120)
+    return stderr
+
+
 def test_an_interrupted_up_stops_what_it_started(tmp_path: Path) -> None:
     run_dir = tmp_path / "interrupted"
     process = _start_up(run_dir)
-    _wait_parts(run_dir, 7, process)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    try:
+        _wait_parts(run_dir, 7, process)
+    finally:
+        stderr = _interrupt(process, signal.SIGTERM)
     assert process.returncode == 1
     assert "interrupted by SIGTERM" in stderr
     assert "stopping the parts already started" in stderr
@@ -177,9 +184,10 @@ def test_an_interrupted_up_stops_what_it_started(tmp_path: Path) -> None:
 def test_a_killed_up_is_cleaned_up_by_down(tmp_path: Path) -> None:
     run_dir = tmp_path / "killed"
     process = _start_up(run_dir)
-    _wait_parts(run_dir, 8, process)
-    process.kill()
-    process.communicate(timeout=30)
+    try:
+        _wait_parts(run_dir, 8, process)
+    finally:
+        _interrupt(process, signal.SIGKILL)
     state = load_running(run_dir)
     assert state.status == "starting"
     recorded = {p.pid for p in state.parts}
