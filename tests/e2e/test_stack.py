@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -167,8 +168,8 @@ def _interrupt(process: subprocess.Popen[str], sig: int) -> str:
     return stderr
 
 
-def test_an_interrupted_up_stops_what_it_started(tmp_path: Path) -> None:
-    run_dir = tmp_path / "interrupted"
+def test_an_interrupted_up_stops_what_it_started(scratch_run_dir: Path) -> None:
+    run_dir = scratch_run_dir
     process = _start_up(run_dir)
     try:
         _wait_parts(run_dir, 7, process)
@@ -181,8 +182,17 @@ def test_an_interrupted_up_stops_what_it_started(tmp_path: Path) -> None:
     assert not processes_mentioning(str(run_dir)), stderr
 
 
-def test_a_killed_up_is_cleaned_up_by_down(tmp_path: Path) -> None:
-    run_dir = tmp_path / "killed"
+@pytest.fixture()
+def scratch_run_dir(tmp_path: Path) -> Iterator[Path]:
+    """A run directory for one test; whatever the test leaves running there is stopped."""
+    run_dir = tmp_path / "scratch"
+    yield run_dir
+    if (run_dir / "state.json").exists():
+        redline("down", "--run-dir", str(run_dir), timeout=120)
+
+
+def test_a_killed_up_is_cleaned_up_by_down(scratch_run_dir: Path) -> None:
+    run_dir = scratch_run_dir
     process = _start_up(run_dir)
     try:
         _wait_parts(run_dir, 8, process)
