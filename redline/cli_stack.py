@@ -177,17 +177,22 @@ def down(run_dir: RunDirOpt = DEFAULT_RUN_DIR) -> None:
 
 def status(
     run_dir: RunDirOpt = DEFAULT_RUN_DIR,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the state file as JSON.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the state and each part's health as JSON.")
+    ] = False,
 ) -> None:
     """Each part's process and health; exit 1 when one is down or unhealthy."""
     try:
         state = load_running(run_dir)
     except StackError as exc:
         raise _fail(exc) from None
-    if as_json:
-        out.print(state_json(state), markup=False)
-        return
     health = check_stack(state)
+    healthy = all(item.healthy for item in health)
+    if as_json:
+        typer.echo(state_json(state, {item.name: vars(item) for item in health}))
+        if not healthy:
+            raise typer.Exit(1)
+        return
     table = Table(title=f"redline stack in {state.run_dir}")
     for column in ("part", "pid", "state", "health", "detail"):
         table.add_column(column)
@@ -199,8 +204,8 @@ def status(
             "[green]ok[/green]" if item.healthy else "[red]unhealthy[/red]",
             item.detail,
         )
-    out.print(table)
-    if not all(item.healthy for item in health):
+    out.print(table, width=None if out.is_terminal else TABLE_WIDTH)
+    if not healthy:
         raise typer.Exit(1)
 
 

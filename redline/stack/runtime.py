@@ -818,6 +818,9 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
     return rows
 
 
-def state_json(state: StackState) -> str:
-    """The state as pretty JSON (for `status --json`)."""
-    return json.dumps(state.model_dump(mode="json"), indent=2)
+def state_json(state: StackState, health: Mapping[str, object] | None = None) -> str:
+    """The state (and each part's health) as pretty JSON, for `status --json`."""
+    data = state.model_dump(mode="json")
+    if health is not None:
+        data["health"] = dict(health)
+    return json.dumps(data, indent=2)

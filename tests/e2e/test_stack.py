@@ -51,6 +51,7 @@ def test_status_shows_every_part_healthy(stack: RunningStack) -> None:
     assert "unhealthy" not in status.stdout
     as_json = json.loads(redline("status", "--run-dir", str(stack.run_dir), "--json").stdout)
     assert {p["name"] for p in as_json["parts"]} == set(build_part_names(stack.state.regions))
+    assert all(h["healthy"] and h["alive"] for h in as_json["health"].values())
 
 
 def test_prometheus_and_alertmanager_run_the_generated_local_profile(stack: RunningStack) -> None:
