@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import typer
-import uvicorn
-from rich.console import Console
 
+from redline.cli_common import ConfigOpt, HostOpt, PortOpt, fail, serve
 from redline.cli_spot import simulate_metadata
 from redline.exporters.gateway import (
     DEFAULT_GATEWAY_PORT,
@@ -27,24 +25,9 @@ from redline.settings import SettingsError, load_settings
 from redline.slo.load import SpecError, apply_profile, load_spec
 from redline.slo.spec import Spec
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
-
 simulate_app = typer.Typer(
     help="Simulated components for tests, the demo and the drills.", no_args_is_help=True
 )
-
-HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on.")]
-PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on.")]
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="Settings YAML (flags and REDLINE_* env win).")
-]
-
-
-def _fail(message: str) -> typer.Exit:
-    for line in message.splitlines():
-        err.print(line, markup=False)
-    return typer.Exit(2)
 
 
 def _spec(path: Path | None, profile: str | None) -> Spec:
@@ -52,7 +35,7 @@ def _spec(path: Path | None, profile: str | None) -> Spec:
         loaded = load_spec(path)
         return apply_profile(loaded.spec, profile)
     except SpecError as exc:
-        raise _fail("\n".join(exc.problems)) from None
+        raise fail("\n".join(exc.problems)) from None
 
 
 def parse_upstreams(values: list[str]) -> dict[str, str]:
@@ -83,16 +66,10 @@ def simulate_upstream(
         )
         app = build_simulator_app(settings)
     except (SettingsError, SimulatorError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     listen = settings.port or DEFAULT_SIMULATOR_PORT
-    logging.basicConfig(level=settings.log_level.upper())
-    out.print(
-        f"upstream simulator for region {settings.region} on http://{settings.host}:{listen}",
-        markup=False,
-    )
-    uvicorn.run(
-        app, host=settings.host, port=listen, log_level=settings.log_level, access_log=False
-    )
+    banner = f"upstream simulator for region {settings.region} on http://{settings.host}:{listen}"
+    serve(app, settings, listen, banner)
 
 
 def gateway(
@@ -131,22 +108,16 @@ def gateway(
             first_byte_budget_seconds=first_byte_budget,
         )
     except SettingsError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     loaded = _spec(settings.spec, settings.profile)
     try:
         app = build_gateway_app(settings, loaded)
     except GatewayConfigError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     listen = settings.port or DEFAULT_GATEWAY_PORT
-    logging.basicConfig(level=settings.log_level.upper())
     routes = ", ".join(f"{r}={u}" for r, u in settings.upstreams.items())
-    out.print(
-        f"gateway on http://{settings.host}:{listen} (metrics at /metrics) -> {routes}",
-        markup=False,
-    )
-    uvicorn.run(
-        app, host=settings.host, port=listen, log_level=settings.log_level, access_log=False
-    )
+    banner = f"gateway on http://{settings.host}:{listen} (metrics at /metrics) -> {routes}"
+    serve(app, settings, listen, banner)
 
 
 simulate_app.command("metadata")(simulate_metadata)

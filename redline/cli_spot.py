@@ -7,16 +7,14 @@ Exit codes: 0 ok; 1 the agent or node answered an error; 2 bad settings or argum
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated
 
 import httpx
 import redis
 import typer
-import uvicorn
-from rich.console import Console
 
+from redline.cli_common import ConfigOpt, HostOpt, PortOpt, err, fail, out, serve
 from redline.platform.metadata_server import (
     DEFAULT_METADATA_PORT,
     MetadataSettings,
@@ -34,25 +32,10 @@ from redline.platform.spot_agent import (
 from redline.settings import SettingsError, load_settings
 from redline.slo.load import SpecError, apply_profile, load_spec
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
-
 spot_app = typer.Typer(
     help="Spot GPU preemption: notice -> drain -> triage -> replacement readiness.",
     no_args_is_help=True,
 )
-
-HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on.")]
-PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on.")]
-ConfigOpt = Annotated[
-    Path | None, typer.Option("--config", help="Settings YAML (flags and REDLINE_* env win).")
-]
-
-
-def _fail(message: str) -> typer.Exit:
-    for line in message.splitlines():
-        err.print(line, markup=False)
-    return typer.Exit(2)
 
 
 @spot_app.command("run")
@@ -108,18 +91,14 @@ def run(
         app = build_agent_app(settings, spot)
     except (SettingsError, SpecError, SpotError) as exc:
         message = "\n".join(exc.problems) if isinstance(exc, SpecError) else str(exc)
-        raise _fail(message) from None
+        raise fail(message) from None
     listen = settings.port or DEFAULT_AGENT_PORT
-    logging.basicConfig(level=settings.log_level.upper())
-    out.print(
+    banner = (
         f"spot agent for node {settings.node} ({settings.provider}) on "
         f"http://{settings.host}:{listen}; budget aws {spot.drain_budget('aws'):g} s, "
-        f"gcp {spot.drain_budget('gcp'):g} s",
-        markup=False,
+        f"gcp {spot.drain_budget('gcp'):g} s"
     )
-    uvicorn.run(
-        app, host=settings.host, port=listen, log_level=settings.log_level, access_log=False
-    )
+    serve(app, settings, listen, banner)
 
 
 @spot_app.command("trigger")
@@ -180,19 +159,10 @@ def simulate_metadata(
     try:
         settings = load_settings(MetadataSettings, config, provider=provider, host=host, port=port)
     except SettingsError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     listen = settings.port or DEFAULT_METADATA_PORT
-    logging.basicConfig(level=settings.log_level.upper())
-    out.print(
-        f"{settings.provider} metadata server on http://{settings.host}:{listen}", markup=False
-    )
-    uvicorn.run(
-        build_metadata_app(settings),
-        host=settings.host,
-        port=listen,
-        log_level=settings.log_level,
-        access_log=False,
-    )
+    banner = f"{settings.provider} metadata server on http://{settings.host}:{listen}"
+    serve(build_metadata_app(settings), settings, listen, banner)
 
 
 def register(app: typer.Typer) -> None:
