@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,7 +25,7 @@ from pydantic_settings import SettingsConfigDict
 from redline.exporters.keepalive import KeepaliveSettings
 from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
 from redline.exporters.session_rpo import SessionRpoSettings
-from redline.settings import ServiceSettings, SettingsError
+from redline.settings import ServiceSettings, SettingsError, load_settings_file
 
 DEFAULT_PORT = 9109
 
@@ -146,17 +145,7 @@ def load_exporter_settings(config: Path | None = None, **overrides: Any) -> Expo
     file_values: dict[str, Any] = {}
     source = str(config) if config is not None else "environment"
     if config is not None:
-        try:
-            loaded = yaml.safe_load(config.read_text("utf-8"))
-        except OSError as exc:
-            raise SettingsError(f"{config}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise SettingsError(f"{config}: malformed YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise SettingsError(f"{config}: expected a mapping of settings")
-        file_values = _normalise(loaded)
+        file_values = _normalise(load_settings_file(config))
     explicit = {k: v for k, v in overrides.items() if v is not None}
     try:
         from_env = ExporterSettings().model_dump(exclude_unset=True)

@@ -46,20 +46,26 @@ def read_secret(path: Path | None, env_value: SecretStr | None, what: str) -> Se
     return env_value
 
 
+def load_settings_file(config: Path) -> dict[Any, Any]:
+    """The mapping a settings YAML file holds (empty file: {}); SettingsError if unusable."""
+    try:
+        loaded = yaml.safe_load(config.read_text("utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"{config}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{config}: malformed YAML: {exc}") from None
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise SettingsError(f"{config}: expected a mapping of settings")
+    return loaded
+
+
 def load_settings(cls: type[S], config: Path | None = None, **overrides: Any) -> S:
     """Build `cls` from defaults < config file < environment < explicit (non-None) overrides."""
     file_values: dict[str, Any] = {}
     if config is not None:
-        try:
-            loaded = yaml.safe_load(config.read_text("utf-8"))
-        except OSError as exc:
-            raise SettingsError(f"{config}: cannot read: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise SettingsError(f"{config}: malformed YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise SettingsError(f"{config}: expected a mapping of settings")
+        loaded = load_settings_file(config)
         file_values = {str(k).replace("-", "_"): v for k, v in loaded.items()}
     explicit = {k: v for k, v in overrides.items() if v is not None}
     try:
