@@ -11,12 +11,11 @@ from redline.dashboards.panels import (
     Query,
     Section,
     Step,
+    alert_and_remediation_annotations,
     alert_runbook,
-    alerts_annotation,
     assemble,
     bad_above,
     bad_below,
-    remediation_annotation,
 )
 from redline.rules.build import BURN_WINDOWS, burn_factor, error_ratio_record
 from redline.rules.model import format_duration, number, selector
@@ -122,10 +121,7 @@ def build_error_budgets_definition(spec: Spec) -> DashboardDef:
             "multiwindow pair of the burn-rate alerts, and the time until the budget is gone."
         ),
         sections=tuple(_slo_section(spec, slo) for slo in spec.slos),
-        annotations=(
-            alerts_annotation("Burn-rate alerts", 'slo!=""', "orange"),
-            remediation_annotation(),
-        ),
+        annotations=alert_and_remediation_annotations("Burn-rate alerts", 'slo!=""', "orange"),
         variables=(),
     )
 

@@ -339,6 +339,26 @@ def alerts_annotation(name: str, matchers: str, color: str) -> AnnotationDef:
     )
 
 
+def two_state_mapping(zero: tuple[str, str], one: tuple[str, str]) -> tuple[dict[str, Any], ...]:
+    """Value mappings of a 0/1 series: (text, color) shown for 0 and for 1."""
+    return (
+        {
+            "type": "value",
+            "options": {
+                "0": {"text": zero[0], "color": zero[1], "index": 0},
+                "1": {"text": one[0], "color": one[1], "index": 1},
+            },
+        },
+    )
+
+
+def alert_and_remediation_annotations(
+    name: str, matchers: str, color: str
+) -> tuple[AnnotationDef, AnnotationDef]:
+    """Firing alerts matching `matchers`, then the remediation runs: a dashboard's usual marks."""
+    return (alerts_annotation(name, matchers, color), remediation_annotation())
+
+
 def remediation_annotation() -> AnnotationDef:
     """A mark wherever a playbook run finished, with its outcome."""
     return AnnotationDef(

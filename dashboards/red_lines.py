@@ -11,36 +11,25 @@ from redline.dashboards.panels import (
     PanelDef,
     Query,
     Section,
+    alert_and_remediation_annotations,
     alert_runbook,
-    alerts_annotation,
     assemble,
     bad_above,
     bad_below,
     region_matcher,
-    remediation_annotation,
+    two_state_mapping,
 )
 from redline.rules.build import p99_record
 from redline.rules.model import number
 from redline.slo.spec import Spec
 
 SLUG = "red-lines"
-OK_FAILED = (
-    {
-        "type": "value",
-        "options": {
-            "0": {"text": "failed", "color": "red", "index": 0},
-            "1": {"text": "ok", "color": "green", "index": 1},
-        },
-    },
-)
+OK_FAILED = two_state_mapping(("failed", "red"), ("ok", "green"))
 
 
 def red_line_annotations() -> tuple[AnnotationDef, ...]:
     """Critical alerts and remediation runs, drawn on every red-line graph."""
-    return (
-        alerts_annotation("Critical alerts", 'severity="critical"', "red"),
-        remediation_annotation(),
-    )
+    return alert_and_remediation_annotations("Critical alerts", 'severity="critical"', "red")
 
 
 def _latency(spec: Spec) -> Section:

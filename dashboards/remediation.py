@@ -18,24 +18,16 @@ from redline.dashboards.panels import (
     PanelDef,
     Query,
     Section,
+    alert_and_remediation_annotations,
     alert_runbook,
-    alerts_annotation,
     assemble,
     bad_above,
-    remediation_annotation,
+    two_state_mapping,
 )
 from redline.slo.spec import Spec
 
 SLUG = "remediation"
-FROZEN = (
-    {
-        "type": "value",
-        "options": {
-            "0": {"text": "writable", "color": "green", "index": 0},
-            "1": {"text": "frozen", "color": "orange", "index": 1},
-        },
-    },
-)
+FROZEN = two_state_mapping(("writable", "green"), ("frozen", "orange"))
 
 
 def build_remediation_definition(spec: Spec) -> DashboardDef:
@@ -160,9 +152,8 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
             "absorbed (HA peers, retries), playbook runs by outcome and duration, write freezes."
         ),
         sections=sections,
-        annotations=(
-            alerts_annotation("Alerts with a playbook", 'playbook!=""', "red"),
-            remediation_annotation(),
+        annotations=alert_and_remediation_annotations(
+            "Alerts with a playbook", 'playbook!=""', "red"
         ),
         variables=(),
     )

@@ -9,11 +9,10 @@ from redline.dashboards.panels import (
     PanelDef,
     Query,
     Section,
+    alert_and_remediation_annotations,
     alert_runbook,
-    alerts_annotation,
     assemble,
     bad_above,
-    remediation_annotation,
 )
 from redline.rules.model import number
 from redline.slo.spec import RpoTarget, Spec
@@ -97,10 +96,7 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
             "index writes a failure right now would lose."
         ),
         sections=sections,
-        annotations=(
-            alerts_annotation("RPO alerts", 'rpo!=""', "red"),
-            remediation_annotation(),
-        ),
+        annotations=alert_and_remediation_annotations("RPO alerts", 'rpo!=""', "red"),
         variables=(),
     )
 
