@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 import yaml
 
 from redline.exporters.gateway import GatewaySettings, build_gateway_app
@@ -39,6 +37,7 @@ from tests.integration.remediation_support import (
     receiver,
     store_for,
     wait_terminal,
+    worker_threads,
 )
 
 REAL_REGISTRY = "redline.remediation.catalog:build_registry"
@@ -52,25 +51,8 @@ def playbook_settings(redis_url: str, **overrides: Any) -> RemediationSettings:
 @contextmanager
 def real_workers(settings: RemediationSettings, count: int = 1) -> Iterator[list[Worker]]:
     """`count` worker threads on the built-in registry, stopped and joined on exit."""
-    stop = threading.Event()
-    clients = [
-        redis.Redis.from_url(settings.redis_url, decode_responses=True) for _ in range(count)
-    ]
-    running = [
-        Worker(settings, build_registry(settings), client, name=f"playbook-worker-{index}")
-        for index, client in enumerate(clients)
-    ]
-    threads = [threading.Thread(target=w.run, args=(stop,), daemon=True) for w in running]
-    for thread in threads:
-        thread.start()
-    try:
+    with worker_threads(settings, build_registry, count, "playbook-worker", 30) as running:
         yield running
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
-        for client in clients:
-            client.close()
 
 
 def worker_process(

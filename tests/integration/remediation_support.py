@@ -280,14 +280,20 @@ def receiver(settings: RemediationSettings, port: int | None = None) -> Iterator
 
 
 @contextmanager
-def workers(settings: RemediationSettings, count: int = 1) -> Iterator[list[Worker]]:
-    """`count` worker threads on the test registry, stopped and joined on exit."""
+def worker_threads(
+    settings: RemediationSettings,
+    registry: Callable[[RemediationSettings], PlaybookRegistry],
+    count: int,
+    name_prefix: str,
+    join_timeout: float,
+) -> Iterator[list[Worker]]:
+    """`count` worker threads on the registry `registry` builds, stopped and joined on exit."""
     stop = threading.Event()
     clients = [
         redis.Redis.from_url(settings.redis_url, decode_responses=True) for _ in range(count)
     ]
     running = [
-        Worker(settings, build_registry(settings), client, name=f"test-worker-{index}")
+        Worker(settings, registry(settings), client, name=f"{name_prefix}-{index}")
         for index, client in enumerate(clients)
     ]
     threads = [threading.Thread(target=w.run, args=(stop,), daemon=True) for w in running]
@@ -298,9 +304,16 @@ def workers(settings: RemediationSettings, count: int = 1) -> Iterator[list[Work
     finally:
         stop.set()
         for thread in threads:
-            thread.join(timeout=15)
+            thread.join(timeout=join_timeout)
         for client in clients:
             client.close()
+
+
+@contextmanager
+def workers(settings: RemediationSettings, count: int = 1) -> Iterator[list[Worker]]:
+    """`count` worker threads on the test registry, stopped and joined on exit."""
+    with worker_threads(settings, build_registry, count, "test-worker", 15) as running:
+        yield running
 
 
 def worker_process(settings: RemediationSettings, log_path: Path) -> subprocess.Popen[bytes]:
