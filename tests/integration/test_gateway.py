@@ -12,17 +12,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis
-from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from redline.exporters.gateway import GatewaySettings, build_gateway_app
 from redline.exporters.upstream import (
     UpstreamConnectError,
     UpstreamPool,
@@ -39,7 +36,7 @@ from redline.platform.simulator import (
     build_simulator_app,
     serve_in_thread,
 )
-from redline.slo.load import load_spec
+from tests.integration.gateway_support import RunningGateway, gateway_starter
 
 pytestmark = pytest.mark.integration
 
@@ -51,17 +48,7 @@ def chat(prompt: str = "hello", model: str = BASE, **extra: Any) -> dict[str, An
     return {"model": model, "messages": [{"role": "user", "content": prompt}], **extra}
 
 
-@dataclass
-class Gateway:
-    server: ServerThread
-    registry: CollectorRegistry
-    client: httpx.Client
-
-    def value(self, name: str, **labels: str) -> float:
-        """A sample's value, 0.0 when the series does not exist (yet)."""
-        found = self.registry.get_sample_value(name, labels)
-        return 0.0 if found is None else found
-
+class Gateway(RunningGateway):
     def total(self, name: str, **labels: str) -> float:
         """Sum of every sample of `name` whose labels include `labels`."""
         out = 0.0
@@ -97,23 +84,8 @@ def faults(url: str, **knobs: Any) -> None:
 
 @pytest.fixture()
 def start_gateway(redis_url: str) -> Iterator[Callable[..., Gateway]]:
-    started: list[Gateway] = []
-    spec = load_spec(None).spec
-
-    def start(upstreams: dict[str, str], **overrides: Any) -> Gateway:
-        settings = GatewaySettings(
-            upstreams=upstreams, redis_url=overrides.pop("redis_url", redis_url), **overrides
-        )
-        registry = CollectorRegistry()
-        server = serve_in_thread(build_gateway_app(settings, spec, registry))
-        gateway = Gateway(server, registry, httpx.Client(base_url=server.url, timeout=10.0))
-        started.append(gateway)
-        return gateway
-
-    yield start
-    for gateway in started:
-        gateway.client.close()
-        gateway.server.stop()
+    with gateway_starter(redis_url, Gateway, 10.0) as start:
+        yield start
 
 
 def test_proxies_and_counts_tokens_from_usage(

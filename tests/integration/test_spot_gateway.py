@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from prometheus_client import CollectorRegistry
 
-from redline.exporters.gateway import GatewaySettings, build_gateway_app
+from redline.exporters.gateway import GatewaySettings
 from redline.platform.processes import free_port
 from redline.platform.simulator import (
     ServerThread,
@@ -30,7 +29,7 @@ from redline.platform.simulator import (
 )
 from redline.platform.spot import RESUME_HEADER, parse_spot_error
 from redline.platform.spot_ledger import RequestLedger
-from redline.slo.load import load_spec
+from tests.integration.gateway_support import RunningGateway, gateway_starter
 
 pytestmark = pytest.mark.integration
 
@@ -38,16 +37,7 @@ BASE = "redline-base"
 NODES = ("spot-a", "spot-b", "ondemand")
 
 
-@dataclass
-class Gw:
-    server: ServerThread
-    registry: CollectorRegistry
-    client: httpx.Client
-
-    def value(self, name: str, **labels: str) -> float:
-        found = self.registry.get_sample_value(name, labels)
-        return 0.0 if found is None else found
-
+class Gw(RunningGateway):
     def drain(self, node: str, budget: float, **extra: Any) -> dict[str, Any]:
         response = self.client.post(
             "/admin/spot/drain", json={"node": node, "budget_seconds": budget, **extra}
@@ -82,23 +72,8 @@ def upstreams(sims: dict[str, ServerThread]) -> dict[str, str]:
 
 @pytest.fixture()
 def start_gateway(redis_url: str) -> Iterator[Callable[..., Gw]]:
-    started: list[Gw] = []
-    spec = load_spec(None).spec
-
-    def start(upstreams: dict[str, str], **overrides: Any) -> Gw:
-        settings = GatewaySettings(
-            upstreams=upstreams, redis_url=overrides.pop("redis_url", redis_url), **overrides
-        )
-        registry = CollectorRegistry()
-        server = serve_in_thread(build_gateway_app(settings, spec, registry))
-        gw = Gw(server, registry, httpx.Client(base_url=server.url, timeout=30.0))
-        started.append(gw)
-        return gw
-
-    yield start
-    for gw in started:
-        gw.client.close()
-        gw.server.stop()
+    with gateway_starter(redis_url, Gw, 30.0) as start:
+        yield start
 
 
 def body(prompt: str, max_tokens: int, stream: bool = True, **extra: Any) -> dict[str, Any]:
