@@ -21,14 +21,13 @@ import redis
 from redline.platform.deltalog import DeltaLog, build_fields, parse_stream_id, vector_checksum
 from redline.platform.processes import Service
 from redline.platform.vectorindex import (
-    IndexConfig,
     IndexWriter,
     MilvusTarget,
-    TargetSpec,
     verify_range,
 )
 from redline.remediation.jobs import Job
 from redline.remediation.settings import RemediationSettings
+from tests.integration.index_support import OpenIndex, close_index, open_index
 from tests.integration.playbook_support import (
     deliver,
     playbook_settings,
@@ -46,15 +45,9 @@ Vectors = npt.NDArray[np.float32]
 
 
 @dataclass
-class Index:
+class Index(OpenIndex):
     """A logical collection (delta log, primary, replica) and remediation settings for it."""
 
-    config: IndexConfig
-    redis: redis.Redis
-    log: DeltaLog
-    primary: MilvusTarget
-    replica: MilvusTarget
-    writer: IndexWriter
     expected: dict[str, Vectors | None]
     base: dict[str, Any]
     redis_url: str
@@ -105,18 +98,7 @@ def index(redis_url: str, milvus_service: Service) -> Iterator[Index]:
     """A fresh collection pair on the session's Milvus Lite; the replica has no replicator."""
     uri = milvus_service.extra["uri"]
     name = f"pb{uuid.uuid4().hex[:10]}"
-    config = IndexConfig(
-        collection=name,
-        dim=DIM,
-        primary=TargetSpec(uri, f"{name}_p", "primary"),
-        replica=TargetSpec(uri, f"{name}_r", "replica"),
-    )
-    client = redis.Redis.from_url(redis_url)
-    log = DeltaLog(client, name, DIM)
-    primary = MilvusTarget(config.primary, DIM)
-    replica = MilvusTarget(config.replica, DIM)
-    primary.ensure_collection()
-    replica.ensure_collection()
+    ix = open_index(redis_url, uri, name, DIM, "primary")
     base = {
         "collections": {
             name: {
@@ -131,12 +113,8 @@ def index(redis_url: str, milvus_service: Service) -> Iterator[Index]:
         "lease_ttl_seconds": 1.0,
         "lease_wait_seconds": 20.0,
     }
-    writer = IndexWriter(log, primary, "primary")
-    yield Index(config, client, log, primary, replica, writer, {}, base, redis_url)
-    for target in (primary, replica):
-        target.client().drop_collection(target.collection)
-        target.close()
-    client.close()
+    yield Index(ix.config, ix.redis, ix.log, ix.primary, ix.replica, ix.writer, {}, base, redis_url)
+    close_index(ix)
 
 
 def _alert(playbook: str, fingerprint: str, index: Index, **kwargs: Any) -> dict[str, Any]:

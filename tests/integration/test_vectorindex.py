@@ -10,15 +10,12 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
-import redis
 
 from redline.platform.deltalog import (
-    DeltaLog,
     DeltaLogError,
     Entry,
     parse_entry,
@@ -27,62 +24,28 @@ from redline.platform.deltalog import (
 )
 from redline.platform.processes import Service
 from redline.platform.vectorindex import (
-    IndexConfig,
     IndexWriter,
     MilvusTarget,
-    TargetSpec,
     replay_delta_log,
     verify_range,
 )
+from tests.integration.index_support import OpenIndex, close_index, open_index
 
 pytestmark = pytest.mark.integration
 
 DIM = 16
 
 
-@dataclass
-class Index:
-    """One logical collection wired to a fresh primary and replica collection."""
-
-    config: IndexConfig
-    redis: redis.Redis
-    log: DeltaLog
-    primary: MilvusTarget
-    replica: MilvusTarget
-    writer: IndexWriter
-
-
-def _open_index(redis_url: str, uri: str, region: str = "eu") -> Index:
-    name = f"t{uuid.uuid4().hex[:12]}"
-    config = IndexConfig(
-        collection=name,
-        dim=DIM,
-        primary=TargetSpec(uri, f"{name}_p", "primary"),
-        replica=TargetSpec(uri, f"{name}_r", "replica"),
-        region=region,
-    )
-    client = redis.Redis.from_url(redis_url)
-    log = DeltaLog(client, config.collection, DIM)
-    primary = MilvusTarget(config.primary, DIM)
-    replica = MilvusTarget(config.replica, DIM)
-    primary.ensure_collection()
-    replica.ensure_collection()
-    return Index(config, client, log, primary, replica, IndexWriter(log, primary, region))
-
-
-def _close_index(index: Index) -> None:
-    for target in (index.primary, index.replica):
-        target.client().drop_collection(target.collection)
-        target.close()
-    index.redis.close()
+def _open_index(redis_url: str, uri: str, region: str = "eu") -> OpenIndex:
+    return open_index(redis_url, uri, f"t{uuid.uuid4().hex[:12]}", DIM, region)
 
 
 @pytest.fixture()
-def index(redis_url: str, milvus_service: Service) -> Iterator[Index]:
+def index(redis_url: str, milvus_service: Service) -> Iterator[OpenIndex]:
     """A fresh logical collection (primary + replica collections on the session Milvus)."""
     opened = _open_index(redis_url, milvus_service.extra["uri"])
     yield opened
-    _close_index(opened)
+    close_index(opened)
 
 
 def _vectors(n: int, seed: int) -> np.ndarray:
@@ -102,7 +65,7 @@ def _expect_state(target: MilvusTarget, expected: dict[str, np.ndarray | None]) 
         assert rows[row_id].checksum == vector_checksum(vector)
 
 
-def test_writer_logs_every_write_then_applies_it_to_the_primary(index: Index) -> None:
+def test_writer_logs_every_write_then_applies_it_to_the_primary(index: OpenIndex) -> None:
     vectors = _vectors(10, 1)
     acks = index.writer.upsert_many([(f"doc-{i}", vectors[i]) for i in range(10)])
     gone = index.writer.delete("doc-3")
@@ -134,7 +97,7 @@ def _same_entries(got: list[Entry], want: list[Entry]) -> bool:
     return True
 
 
-def test_a_malformed_entry_stops_the_replay_with_its_id(index: Index) -> None:
+def test_a_malformed_entry_stops_the_replay_with_its_id(index: OpenIndex) -> None:
     index.writer.upsert("ok", _vectors(1, 10)[0])
     bad = index.redis.xadd(index.log.stream_key, {"op": "u", "id": "broken", "vector": b"xx"})
     with pytest.raises(DeltaLogError, match=rf"entry {bad.decode()}: malformed"):
@@ -142,7 +105,7 @@ def test_a_malformed_entry_stops_the_replay_with_its_id(index: Index) -> None:
     assert index.log.target_state("replica").checkpoint != bad.decode()  # nothing skipped
 
 
-def test_freeze_1000_writes_replay_verifies_every_write_then_unfreeze(index: Index) -> None:
+def test_freeze_1000_writes_replay_verifies_every_write_then_unfreeze(index: OpenIndex) -> None:
     before = _vectors(20, 2)
     index.writer.upsert_many([(f"pre-{i}", before[i]) for i in range(20)])
     state = index.writer.freeze("drill: index staleness over red line")
@@ -178,7 +141,7 @@ def test_freeze_1000_writes_replay_verifies_every_write_then_unfreeze(index: Ind
     assert after.applied
 
 
-def test_verification_detects_a_replica_that_does_not_match(index: Index) -> None:
+def test_verification_detects_a_replica_that_does_not_match(index: OpenIndex) -> None:
     vectors = _vectors(30, 6)
     index.writer.upsert_many([(f"doc-{i}", vectors[i]) for i in range(30)])
     report = replay_delta_log(index.log, index.replica, batch_size=10, compact=False)
@@ -240,7 +203,7 @@ def _conflict_run(redis_url: str, uri: str, order: str, batch_size: int) -> dict
             },
         }
     finally:
-        _close_index(ix)
+        close_index(ix)
 
 
 def test_conflicts_resolve_to_the_last_writer_whatever_the_arrival_order(
@@ -257,7 +220,7 @@ def test_conflicts_resolve_to_the_last_writer_whatever_the_arrival_order(
         assert run["conflicts"] == 4  # every id met a different write from the other region
 
 
-def _replay_cmd(index: Index, redis_url: str) -> list[str]:
+def _replay_cmd(index: OpenIndex, redis_url: str) -> list[str]:
     return [
         sys.executable, "-m", "redline.cli", "index", "replay",
         "--redis-url", redis_url,
@@ -272,7 +235,7 @@ def _replay_cmd(index: Index, redis_url: str) -> list[str]:
 
 
 def test_replay_killed_with_sigkill_resumes_and_loses_nothing(
-    index: Index, redis_url: str, tmp_path: Path
+    index: OpenIndex, redis_url: str, tmp_path: Path
 ) -> None:
     vectors = _vectors(1500, 9)
     expected: dict[str, np.ndarray | None] = {}
