@@ -95,6 +95,8 @@ from redline.exporters.upstream import (
 from redline.platform.golden import MODEL_VERSION_HEADER
 from redline.platform.routing import (
     DEFAULT_PREFIX,
+    REROUTED_HEADER,
+    SERVED_REGION_HEADER,
     AsyncRoutingReader,
     RoutingError,
     RoutingState,
@@ -133,8 +135,6 @@ log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
 
 DEFAULT_GATEWAY_PORT = 8080
-SERVED_REGION_HEADER = "x-redline-served-region"
-REROUTED_HEADER = "x-redline-rerouted"
 REQUEST_LABELS = ("region", "served_region", "rerouted", "model", "model_version", "status")
 TOKEN_LABELS = ("served_region", "model", "model_version")
 REROUTE_REASONS = (

@@ -27,6 +27,11 @@ import redis.asyncio
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "redline:routing"
+# The gateway's response headers: the region that answered and whether the request was moved off
+# its first choice. Here so the gateway (exporters) and the reroute playbook (remediation) share
+# them without importing each other.
+SERVED_REGION_HEADER = "x-redline-served-region"
+REROUTED_HEADER = "x-redline-rerouted"
 _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
 
 

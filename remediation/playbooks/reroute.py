@@ -33,7 +33,13 @@ from typing import Any
 
 import redis
 
-from redline.platform.routing import RoutingError, RoutingOverride, RoutingStore
+from redline.platform.routing import (
+    REROUTED_HEADER,
+    SERVED_REGION_HEADER,
+    RoutingError,
+    RoutingOverride,
+    RoutingStore,
+)
 from redline.remediation.playbook import (
     PlannedStep,
     Playbook,
@@ -52,10 +58,6 @@ from redline.remediation.playbooks.serving import (
 )
 from redline.remediation.settings import RerouteSettings, ServingSettings
 
-# The gateway's response headers (its contract; the gateway lives in redline.exporters, which
-# remediation does not import).
-SERVED_REGION_HEADER = "x-redline-served-region"
-REROUTED_HEADER = "x-redline-rerouted"
 _EPOCH_FLOOR = datetime(1970, 1, 2, tzinfo=UTC)
 
 
