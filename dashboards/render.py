@@ -15,6 +15,7 @@ from redline.dashboards.model_drift import build_model_drift_dashboard
 from redline.dashboards.red_lines import build_red_lines_dashboard
 from redline.dashboards.remediation import build_remediation_dashboard
 from redline.dashboards.rpo import build_rpo_dashboard
+from redline.dashboards.spot import build_spot_dashboard
 from redline.slo.spec import Spec
 
 DASHBOARDS_DIR = Path("dashboards/generated")
@@ -26,6 +27,7 @@ BUILDERS: dict[str, Callable[[Spec], Dashboard]] = {
     "rpo.json": build_rpo_dashboard,
     "model-drift.json": build_model_drift_dashboard,
     "remediation.json": build_remediation_dashboard,
+    "spot.json": build_spot_dashboard,
 }
 """File name of each generated dashboard and its builder, in a stable order."""
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from redline.rules.build import build_rule_groups
 from redline.rules.model import number
-from redline.slo.spec import Spec
+from redline.slo.spec import Spec, parse_duration
 
 MODEL = "chat"
 ADAPTERS = ("support-lora", "summarize-lora")
@@ -25,6 +25,8 @@ STREAM, GROUP = "sessions:cdc", "replica"
 DRIFT_REPLICA = "secondary"
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8, 1.0, 2.0, 5.0, 10.0)
 RUN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+SPOT_NOTICE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
+SPOT_NODE_STATES = ("ready", "draining", "terminating", "recovered")
 PROBES = ("llm_endpoints", "index_staleness", "session_rpo", "keepalive", "drift", "models")
 
 
@@ -41,6 +43,43 @@ class Window:
 
 
 @dataclass(frozen=True)
+class Preemption:
+    """One spot node's preemption: when the notice comes (a share) and how each phase goes."""
+
+    node: str
+    provider: str
+    at: float
+    to_draining_seconds: float
+    drain_seconds: float
+    replacement_seconds: float
+    inflight: int
+    aborted: int
+    wasted_tokens: float
+
+    def elapsed(self, now: float, start: float, end: float) -> float:
+        """Seconds since the notice at `now` (negative before it)."""
+        return now - (start + self.at * (end - start))
+
+    def state(self, elapsed: float) -> str:
+        """The node's `llm_node_state` state `elapsed` seconds after the notice."""
+        if elapsed < 0:
+            return "ready"
+        if elapsed < self.drain_seconds:
+            return "draining"
+        if elapsed < self.drain_seconds + self.replacement_seconds:
+            return "terminating"
+        return "recovered"
+
+
+PREEMPTIONS = (
+    Preemption("spot-a", "aws", 0.25, 0.8, 60.0, 90.0, 40, 10, 5200.0),
+    Preemption("spot-b", "gcp", 0.75, 6.0, 30.0, 300.0, 30, 18, 9100.0),
+)
+"""A quick AWS preemption, then a GCP one that drains slowly and whose replacement takes longer
+than the 30 s notice window."""
+
+
+@dataclass(frozen=True)
 class Scenario:
     """When each incident happens, as shares of the range."""
 
@@ -53,6 +92,7 @@ class Scenario:
     stuck_checkpoint: Window = Window(0.30, 0.38)
     drift_rising_from: float = 0.70
     eviction_at: float = 0.50
+    preemptions: tuple[Preemption, ...] = PREEMPTIONS
 
 
 @dataclass
@@ -116,7 +156,9 @@ class _Counter:
         return self.value
 
 
-def _active_alerts(spec: Spec, scenario: Scenario, share: float) -> list[dict[str, str]]:
+def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only the share
+    spec: Spec, scenario: Scenario, share: float, now: float, start: float, end: float, step: float
+) -> list[dict[str, str]]:
     """Label sets of the alerts firing at `share`, with each rule's own static labels."""
     static = {rule.alert: rule.labels for group in build_rule_groups(spec) for rule in group.alerts}
     firing: list[dict[str, str]] = []
@@ -139,6 +181,17 @@ def _active_alerts(spec: Spec, scenario: Scenario, share: float) -> list[dict[st
         fire("SemanticRollbackTwoSignal", model=MODEL, model_version="v2")
     if share > 0.92:
         fire("EmbeddingDrift", collection=COLLECTION, method="mmd")
+    for spot in scenario.preemptions:
+        elapsed = spot.elapsed(now, start, end)
+        node = {"node": spot.node, "provider": spot.provider}
+        if 0 <= elapsed < step:
+            fire("SpotPreemptionNotice", **node)
+        slow = spot.to_draining_seconds > spec.spot.notice_to_draining_p95_seconds
+        if slow and 0 <= elapsed < parse_duration(spec.spot.alert_window):
+            fire("SpotNoticeToDrainingSlow")
+        waited = elapsed - spot.drain_seconds
+        if spot.state(elapsed) == "terminating" and waited > spec.spot.notice_for(spot.provider):
+            fire("SpotReplacementSlow", **node)
     for slo in spec.slos:
         if slo.sli.kind == "slow_requests" and scenario.latency_breach.holds(share):
             firing.append(
@@ -209,6 +262,15 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
             RUN_BUCKETS,
         )
         for playbook in ("reroute", "freeze_and_replay", "semantic_rollback")
+    }
+    notice_hist = {
+        spot.node: _Histogram(
+            fam,
+            "llm_spot_notice_to_draining_seconds",
+            {"node": spot.node, "provider": spot.provider},
+            SPOT_NOTICE_BUCKETS,
+        )
+        for spot in scenario.preemptions
     }
     counters: dict[tuple[str, tuple[tuple[str, str], ...]], _Counter] = {}
 
@@ -346,9 +408,52 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
             gauge("redline_probe_success", {"probe": probe}, now, 1.0)
             gauge("redline_probe_last_success_timestamp_seconds", {"probe": probe}, now, now)
             gauge("redline_probe_duration_seconds", {"probe": probe}, now, 0.02)
-        for alert in _active_alerts(spec, scenario, share):
+        for spot in scenario.preemptions:
+            _spot_step(spot, spot.elapsed(now, start, end), now, step, gauge, count,
+                       notice_hist[spot.node])  # fmt: skip
+        for alert in _active_alerts(spec, scenario, share, now, start, end, step):
             gauge("ALERTS", alert, now, 1.0)
     return render_openmetrics(fams)
+
+
+def _spot_step(  # noqa: PLR0913 - one node's series at one step
+    spot: Preemption,
+    elapsed: float,
+    now: float,
+    step: float,
+    gauge: Callable[[str, dict[str, str], float, float], None],
+    count: Callable[[str, dict[str, str], float, float], None],
+    notice: _Histogram,
+) -> None:
+    """What the node's spot agent and the gateways publish `elapsed` s after its notice."""
+    node = {"node": spot.node}
+    state = spot.state(elapsed)
+    for value in SPOT_NODE_STATES:
+        gauge("llm_node_state", {**node, "state": value}, now, 1.0 if value == state else 0.0)
+    noticed = 0 <= elapsed < step
+    regenerated = 0 <= elapsed - step < step
+    notice.observe(now, 1.0 if noticed else 0.0, spot.to_draining_seconds)
+    gauge("llm_spot_notice_pending", {**node, "provider": spot.provider}, now, float(noticed))
+    waited = elapsed - spot.drain_seconds
+    if waited >= 0:
+        latency = min(waited, spot.replacement_seconds)
+        gauge("llm_spot_replacement_ready_latency_seconds", {**node, "provider": spot.provider},
+              now, latency)  # fmt: skip
+    if elapsed >= 0:
+        gauge("llm_spot_inflight_aborted_ratio", node, now, spot.aborted / spot.inflight)
+    aborted = float(spot.aborted) if noticed else 0.0
+    continued = float(spot.inflight - spot.aborted) if noticed else 0.0
+    count("llm_spot_triaged_requests", {**node, "decision": "abort"}, now, aborted)
+    count("llm_spot_triaged_requests", {**node, "decision": "continue"}, now, continued)
+    count("llm_spot_interrupted_requests", {**node, "recoverable": "true"}, now, aborted)
+    count("llm_spot_interrupted_requests", {**node, "recoverable": "false"}, now, 0.0)
+    wasted = {
+        "aborted_unserved": 0.7 * spot.wasted_tokens if noticed else 0.0,
+        "regenerated": 0.3 * spot.wasted_tokens if regenerated else 0.0,
+        "not_recoverable": 0.0,
+    }
+    for reason, tokens in wasted.items():
+        count("llm_spot_wasted_decode_tokens", {**node, "reason": reason}, now, tokens)
 
 
 def render_openmetrics(fams: dict[str, _Family]) -> str:

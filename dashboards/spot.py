@@ -1,0 +1,222 @@
+"""The *Spot preemption* dashboard: notice -> DRAINING time against its p95 target, in-flight
+triage (aborted share, interrupted requests, wasted decode tokens), node states and the
+replacement readiness latency against each provider's notice window.
+
+The spot agent publishes the node series (`llm_node_state`, the notice histogram, replacement
+latency, pending notices), the gateways the triage series; targets come from the spec's `spot:`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grafanalib.core import Dashboard
+
+from redline.dashboards.panels import (
+    ANY_EVENT,
+    DashboardDef,
+    PanelDef,
+    Query,
+    Section,
+    alert_and_remediation_annotations,
+    alert_runbook,
+    assemble,
+    bad_above,
+    two_state_mapping,
+)
+from redline.rules.build import spot_p95_record
+from redline.rules.model import number
+from redline.slo.spec import Spec
+
+SLUG = "spot"
+SPOT_ALERTS = ("SpotPreemptionNotice", "SpotNoticeToDrainingSlow", "SpotReplacementSlow")
+NODE_STATES = ("ready", "draining", "terminating", "recovered")
+"""`llm_node_state`'s `state` values in state-machine order (the panel's value is the index);
+the dashboards layer sits below `redline.platform.spot`, so they are listed, not imported."""
+NODE_STATE_COLORS = ("green", "orange", "red", "blue")
+PENDING = two_state_mapping(("handled", "green"), ("pending", "red"))
+
+
+def _state_mapping() -> tuple[dict[str, Any], ...]:
+    options = {
+        str(index): {"text": state, "color": color, "index": index}
+        for index, (state, color) in enumerate(zip(NODE_STATES, NODE_STATE_COLORS, strict=True))
+    }
+    return ({"type": "value", "options": options},)
+
+
+def _state_index_expr() -> str:
+    """One value per node: the index of its current state in `NODE_STATES`."""
+    return "\n+ ".join(
+        f'{index} * max by (node) (llm_node_state{{state="{state}"}})'
+        for index, state in enumerate(NODE_STATES)
+    )
+
+
+def _notice(spec: Spec) -> Section:
+    book = alert_runbook(spec, "SpotNoticeToDrainingSlow")
+    notice_book = alert_runbook(spec, "SpotPreemptionNotice")
+    target = spec.spot.notice_to_draining_p95_seconds
+    window = spec.spot.alert_window
+    bucket = "llm_spot_notice_to_draining_seconds_bucket"
+    per_provider = Query(
+        f"histogram_quantile(0.95, sum by (le, provider) (rate({bucket}[$__rate_interval])))",
+        "p95 {{provider}}",
+    )
+    steps = bad_above(target)
+    return Section(
+        "Notice → DRAINING",
+        (
+            PanelDef(
+                "stat",
+                f"Notice → DRAINING p95 over {window} (target {number(target)} s)",
+                (Query(f"max({spot_p95_record(spec)})", "p95"),),
+                book,
+                "s",
+                steps,
+            ),
+            PanelDef(
+                "timeseries",
+                f"Notice → DRAINING p95 by provider (target {number(target)} s)",
+                (per_provider,),
+                book,
+                "s",
+                steps,
+                width=12,
+            ),
+            PanelDef(
+                "state",
+                "Notice not yet handled",
+                (Query("max by (node, provider) (llm_spot_notice_pending)", "{{node}}"),),
+                notice_book,
+                mappings=PENDING,
+            ),
+        ),
+    )
+
+
+def _triage(spec: Spec) -> Section:
+    book = alert_runbook(spec, "SpotPreemptionNotice")
+    interrupted = "llm_spot_interrupted_requests_total"
+    wasted = "llm_spot_wasted_decode_tokens_total"
+    return Section(
+        "In-flight triage",
+        (
+            PanelDef(
+                "stat",
+                "Non-recoverable interruptions (target 0)",
+                (Query(f'sum(increase({interrupted}{{recoverable="false"}}[$__range]))', ""),),
+                book,
+                "short",
+                bad_above(ANY_EVENT),
+            ),
+            PanelDef(
+                "timeseries",
+                "Interrupted requests by recoverability",
+                (
+                    Query(
+                        f"sum by (recoverable) (increase({interrupted}[$__rate_interval]))",
+                        "recoverable={{recoverable}}",
+                    ),
+                ),
+                book,
+                "short",
+                bars=True,
+            ),
+            PanelDef(
+                "timeseries",
+                "In-flight share aborted by the last drain",
+                (Query("max by (node) (llm_spot_inflight_aborted_ratio)", "{{node}}"),),
+                book,
+                "percentunit",
+            ),
+            PanelDef(
+                "stat",
+                "Wasted decode tokens",
+                (Query(f"sum by (reason) (increase({wasted}[$__range]))", "{{reason}}"),),
+                book,
+                "short",
+                stat_text="value_and_name",
+            ),
+            PanelDef(
+                "timeseries",
+                "Wasted decode tokens by reason",
+                (Query(f"sum by (reason) (increase({wasted}[$__rate_interval]))", "{{reason}}"),),
+                book,
+                "short",
+                bars=True,
+                width=12,
+            ),
+            PanelDef(
+                "timeseries",
+                "Triage decisions",
+                (
+                    Query(
+                        "sum by (decision) "
+                        "(increase(llm_spot_triaged_requests_total[$__rate_interval]))",
+                        "{{decision}}",
+                    ),
+                ),
+                book,
+                "short",
+                bars=True,
+                width=12,
+            ),
+        ),
+    )
+
+
+def _replacement(spec: Spec) -> Section:
+    book = alert_runbook(spec, "SpotReplacementSlow")
+    panels: list[PanelDef] = [
+        PanelDef(
+            "state",
+            "Node state",
+            (Query(_state_index_expr(), "{{node}}"),),
+            book,
+            mappings=_state_mapping(),
+            width=24,
+        )
+    ]
+    latency = "llm_spot_replacement_ready_latency_seconds"
+    for provider in spec.spot.notice_seconds.model_dump():
+        notice = spec.spot.notice_for(provider)
+        title = f"Replacement ready latency, {provider} (notice {number(notice)} s)"
+        selector = f'{latency}{{provider="{provider}"}}'
+        steps = bad_above(notice)
+        panels += [
+            PanelDef("stat", title, (Query(f"max({selector})", "slowest"),), book, "s", steps),
+            PanelDef(
+                "timeseries",
+                title,
+                (Query(f"max by (node) ({selector})", "{{node}}"),),
+                book,
+                "s",
+                steps,
+                width=18,
+            ),
+        ]
+    return Section("Node state and replacement readiness", tuple(panels))
+
+
+def build_spot_definition(spec: Spec) -> DashboardDef:
+    """The spot preemption dashboard as data."""
+    alerts = "|".join(SPOT_ALERTS)
+    return DashboardDef(
+        slug=SLUG,
+        title="Spot preemption",
+        description=(
+            "Spot GPU preemption: how fast a notice closes admission, what the drain aborts and "
+            "wastes, and how long a replacement takes against the provider's notice window."
+        ),
+        sections=(_notice(spec), _triage(spec), _replacement(spec)),
+        annotations=alert_and_remediation_annotations(
+            "Spot alerts", f'alertname=~"{alerts}"', "orange"
+        ),
+        variables=(),
+    )
+
+
+def build_spot_dashboard(spec: Spec) -> Dashboard:
+    """The spot preemption dashboard."""
+    return assemble(spec, build_spot_definition(spec))
