@@ -194,6 +194,12 @@ class SemanticRollback(Playbook):
     def _model(self, ctx: PlaybookContext) -> str:
         return ctx.labels[self.target_label].strip()
 
+    @staticmethod
+    def _stale(ctx: PlaybookContext, active: Snapshot) -> bool:
+        """The alert names a regressed version that is no longer the active one."""
+        regressed = ctx.labels.get("model_version", "").strip()
+        return bool(regressed) and regressed != active.version
+
     def _origin(self, registry: SnapshotRegistry, model: str, progress: Progress) -> Snapshot:
         try:
             if progress.origin is not None:
@@ -240,6 +246,16 @@ class SemanticRollback(Playbook):
         model = self._model(ctx)
         progress = self._progress(ctx)
         origin = self._origin(registry, model, progress)
+        if progress.origin is None and self._stale(ctx, origin):
+            return (
+                PlannedStep(
+                    "nothing_to_do",
+                    f"the alert names {model} version {ctx.labels['model_version']}, but "
+                    f"{origin.snapshot_id} (version {origin.version}) is active: a late or "
+                    "repeated alert about a version already rolled back; nothing to roll back",
+                    {"model": model, "active": origin.snapshot_id},
+                ),
+            )
         selection = self._select(registry, model, origin, progress)
         skipped = [{"snapshot_id": sid, "reason": why} for sid, why in selection.skipped]
         if not selection.candidates:
@@ -311,6 +327,8 @@ class SemanticRollback(Playbook):
         """Record the selection, try one candidate, or give up."""
         registry = self._registry()
         model = self._model(ctx)
+        if step.name == "nothing_to_do":
+            return StepResult.success(step.description, **step.params)
         if step.name == "select_snapshot":
             return self._record_selection(ctx, step)
         if step.name == "try_snapshot":
@@ -606,6 +624,17 @@ class SemanticRollback(Playbook):
         model = self._model(ctx)
         progress = self._progress(ctx)
         if progress.chosen is None:
+            try:
+                active = registry.active(model)
+            except SnapshotError as exc:
+                return StepResult.failure(f"{model}: {exc}")
+            if active is not None and self._stale(ctx, active):
+                return StepResult.success(
+                    f"{model} still serves {active.snapshot_id} (version {active.version}); "
+                    "the alert's version is not active",
+                    snapshot_id=active.snapshot_id,
+                    version=active.version,
+                )
             return StepResult.failure(f"{model}: no snapshot was chosen")
         try:
             pointer = registry.active_pointer(model)

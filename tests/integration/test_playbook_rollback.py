@@ -248,6 +248,20 @@ def test_worker_killed_mid_rollback_the_next_worker_finds_pointer_and_adapter_in
     assert set(rollback.served_roots().values()) == {rollback.adapter_dir("v2")}
 
 
+def test_a_late_alert_about_a_version_no_longer_active_rolls_nothing_back(
+    rollback: Rollback,
+) -> None:
+    [job] = run_jobs(rollback.settings, _alert("a0000000000000a9", model_version="v3"))
+    assert job.status == "succeeded", job.error
+    assert [step["name"] for step in job.plan or []] == ["nothing_to_do"]
+    assert rollback.active() == "v4"
+    assert set(rollback.served_roots().values()) == {rollback.adapter_dir("v4")}
+    # The alert about the active version itself still rolls back.
+    [job] = run_jobs(rollback.settings, _alert("a0000000000000aa", model_version="v4"))
+    assert job.status == "succeeded", job.error
+    assert rollback.active() == "v2"
+
+
 def test_dry_run_returns_the_plan_and_changes_nothing(rollback: Rollback) -> None:
     [job] = run_jobs(rollback.settings, _alert("a0000000000000a5", dry_run="true"))
     assert job.status == "planned" and job.outcome == "dry_run"
