@@ -625,15 +625,15 @@ class SemanticRollback(Playbook):
         progress = self._progress(ctx)
         if progress.chosen is None:
             try:
-                active = registry.active(model)
+                current = registry.active(model)
             except SnapshotError as exc:
                 return StepResult.failure(f"{model}: {exc}")
-            if active is not None and self._stale(ctx, active):
+            if current is not None and self._stale(ctx, current):
                 return StepResult.success(
-                    f"{model} still serves {active.snapshot_id} (version {active.version}); "
+                    f"{model} still serves {current.snapshot_id} (version {current.version}); "
                     "the alert's version is not active",
-                    snapshot_id=active.snapshot_id,
-                    version=active.version,
+                    snapshot_id=current.snapshot_id,
+                    version=current.version,
                 )
             return StepResult.failure(f"{model}: no snapshot was chosen")
         try:
