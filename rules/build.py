@@ -46,7 +46,9 @@ SLI_GUARDS = (
     ("index_staleness", "vectordb_index_staleness_seconds"),
     ("delta_log", "vectordb_delta_log_oldest_pending_age_seconds"),
     ("session_rpo", "session_cdc_rpo_seconds"),
-    ("context_keepalive", "session_keepalive_probe_success"),
+    # The TTL series appears on the probe's first run; the canary verdict only after
+    # `min_seconds` (300 s), which would page for five minutes after every start.
+    ("context_keepalive", "session_context_ttl_seconds"),
     ("lora_checkpoint", "model_checkpoint_last_success_timestamp_seconds"),
     ("model_versions", "model_active_info"),
     ("accuracy", "llm_eval_requests_total"),
