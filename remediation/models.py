@@ -13,6 +13,7 @@ rejected with 422 rather than half-understood.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -39,6 +40,28 @@ def _integral(value: object) -> object:
     return value
 
 
+_RFC3339 = re.compile(
+    r"^(\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2})(?:\.(\d+))?([Zz]|[+-]\d{2}:\d{2})$"
+)
+
+
+def _rfc3339(value: object) -> object:
+    # pydantic alone would also read "0" or "1700000000" as Unix times; Alertmanager sends
+    # RFC 3339 with up to nanoseconds, which datetime holds to the microsecond.
+    if not isinstance(value, str):
+        return value
+    match = _RFC3339.match(value)
+    if match is None:
+        raise ValueError("must be an RFC 3339 timestamp such as 2024-01-01T00:00:00Z")
+    whole, fraction, zone = match.groups()
+    micros = f".{(fraction or '')[:6]:0<6}"
+    offset = "+00:00" if zone in ("Z", "z") else zone
+    return datetime.fromisoformat(whole.replace("t", "T") + micros + offset)
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_rfc3339)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, strict=True)
 
@@ -49,8 +72,8 @@ class Alert(_Model):
     status: Literal["firing", "resolved"] = Field(description="firing or resolved.")
     labels: LabelSet = Field(description="Identifying labels; `playbook` selects the playbook.")
     annotations: LabelSet = Field(default_factory=dict, description="summary, description, ...")
-    starts_at: AwareDatetime = Field(alias="startsAt", description="When the alert started.")
-    ends_at: AwareDatetime = Field(
+    starts_at: Timestamp = Field(alias="startsAt", description="When the alert started.")
+    ends_at: Timestamp = Field(
         alias="endsAt", description="When it ended; 0001-01-01T00:00:00Z while firing."
     )
     generator_url: Annotated[str, StringConstraints(max_length=8192)] = Field(

@@ -877,6 +877,8 @@ def test_cli_serves_a_simulator_and_a_gateway(redis_url: str, tmp_path: Path) ->
         assert f"region primary on http://127.0.0.1:{sim_port}" in lines[0]
         assert f"gateway on http://127.0.0.1:{gw_port}" in lines[1]
         url = f"http://127.0.0.1:{gw_port}"
+        # Both banners print before uvicorn binds: wait for the upstream as well as the gateway.
+        wait_for(lambda: _up(f"http://127.0.0.1:{sim_port}/healthz"), timeout=15)
         wait_for(lambda: _up(f"{url}/healthz"), timeout=15)
         response = httpx.post(f"{url}/v1/chat/completions", json=chat(GOLDEN_SET[0].prompt))
         assert response.json()["choices"][0]["message"]["content"] == GOLDEN_SET[0].reference
