@@ -177,6 +177,12 @@ def demo(
     rate: Annotated[
         float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
     ] = 50.0,
+    regions: Annotated[
+        int | None,
+        typer.Option(
+            "--regions", min=1, help="One Prometheus per region plus a federating global one."
+        ),
+    ] = None,
 ) -> None:
     """Generate and check everything, start the local stack, run every drill, print timings.
 
@@ -203,7 +209,7 @@ def demo(
         return
     from redline.cli_stack import run_demo
 
-    run_demo(run_dir, spec, once, rate)
+    run_demo(run_dir, spec, once, rate, regions)
 
 
 def main() -> None:

@@ -61,6 +61,15 @@ RunDirOpt = Annotated[
 SpecOpt = Annotated[
     Path | None, typer.Option("--spec", help="Spec YAML file; the embedded default when omitted.")
 ]
+RegionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--regions",
+        min=1,
+        help="Run a Prometheus for each of the spec's first N regions (external_labels "
+        "region) and a global one that federates them and evaluates the rules.",
+    ),
+]
 
 
 _STARTED = time.monotonic()
@@ -153,9 +162,10 @@ def up(
         float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
     ] = 50.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
+    regions: RegionsOpt = None,
 ) -> None:
     """Start the local stack (every part detached) and print where everything is."""
-    options = UpOptions(run_dir, spec, parse_ports(port), rate, seed)
+    options = UpOptions(run_dir, spec, parse_ports(port), rate, seed, prometheus_regions=regions)
     try:
         with interrupt_on_signals() as guard:
             state = bring_up(options, guard)
@@ -316,7 +326,9 @@ def drill(
         raise typer.Exit(1)
 
 
-def run_demo(run_dir: Path, spec: Path | None, once: bool, rate: float) -> None:
+def run_demo(
+    run_dir: Path, spec: Path | None, once: bool, rate: float, regions: int | None = None
+) -> None:
     """Stack up (or reuse the one running there) -> every drill -> timings -> URLs or down."""
     try:
         state = load_running(run_dir)
@@ -326,7 +338,8 @@ def run_demo(run_dir: Path, spec: Path | None, once: bool, rate: float) -> None:
     except StackError:
         try:
             with interrupt_on_signals() as guard:
-                state = bring_up(UpOptions(run_dir, spec, {}, rate), guard)
+                options = UpOptions(run_dir, spec, {}, rate, prometheus_regions=regions)
+                state = bring_up(options, guard)
         except StackError as exc:
             raise _fail(exc) from None
     results = run_drills_live(state, ["all"], DEFAULT_ARTIFACT)

@@ -23,6 +23,11 @@ from redline.platform.golden import EMBEDDING_DIMS
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
 from redline.rules.model import format_duration
 from redline.slo.spec import Receiver, Spec
+from redline.stack.multiregion import (
+    GLOBAL_PART,
+    build_multiregion_configs,
+    regional_part,
+)
 
 HOST = "127.0.0.1"
 ADAPTER = "chat-lora"
@@ -54,6 +59,9 @@ TAIL_PARTS = (
     "loadgen",
 )
 HTTP_PARTS = frozenset({"gateway", "remediation", "exporters"})
+CONTROL_PLANE_JOBS = ("remediation", "alertmanager")
+"""With one Prometheus per region, these scrape jobs belong to the last region's Prometheus (the
+control plane runs there); the serving path (gateway, exporters) stays in the first region."""
 
 
 class StackConfigError(Exception):
@@ -65,14 +73,26 @@ def simulator_part(region: str) -> str:
     return f"simulator-{region}"
 
 
-def build_part_names(regions: Sequence[str]) -> tuple[str, ...]:
+def build_service_parts(prometheus_regions: Sequence[str] = ()) -> tuple[str, ...]:
+    """The service binaries: a Prometheus per region (if asked for) before the global one."""
+    regional = tuple(regional_part(r) for r in prometheus_regions)
+    return (*SERVICE_PARTS[:3], *regional, *SERVICE_PARTS[3:])
+
+
+def build_part_names(
+    regions: Sequence[str], prometheus_regions: Sequence[str] = ()
+) -> tuple[str, ...]:
     """Every part in start order (stop order is the reverse)."""
-    return (*SERVICE_PARTS, *(simulator_part(r) for r in regions), *TAIL_PARTS)
+    services = build_service_parts(prometheus_regions)
+    return (*services, *(simulator_part(r) for r in regions), *TAIL_PARTS)
 
 
-def build_ported_parts(regions: Sequence[str]) -> tuple[str, ...]:
+def build_ported_parts(
+    regions: Sequence[str], prometheus_regions: Sequence[str] = ()
+) -> tuple[str, ...]:
     """The parts that listen on a TCP port."""
-    return (*SERVICE_PARTS, *(simulator_part(r) for r in regions), *sorted(HTTP_PARTS))
+    services = build_service_parts(prometheus_regions)
+    return (*services, *(simulator_part(r) for r in regions), *sorted(HTTP_PARTS))
 
 
 @dataclass(frozen=True)
@@ -123,8 +143,17 @@ class StackLayout:
 
     @property
     def prometheus_file(self) -> Path:
-        """Prometheus's configuration."""
-        return self.config_dir / "prometheus.yml"
+        """The (global) Prometheus's configuration."""
+        return self.prometheus_config(GLOBAL_PART)
+
+    def prometheus_config(self, part: str) -> Path:
+        """The configuration of one Prometheus part (`prometheus`, `prometheus-<region>`)."""
+        return self.config_dir / f"{part}.yml"
+
+    @property
+    def dashboards_dir(self) -> Path:
+        """Grafana dashboards generated from the stack's spec (local profile)."""
+        return self.config_dir / "dashboards"
 
     @property
     def token_file(self) -> Path:
@@ -185,6 +214,8 @@ class Endpoints:
     host: str
     ports: Mapping[str, int]
     regions: tuple[str, ...]
+    prometheus_regions: tuple[str, ...] = ()
+    """Regions with their own Prometheus (federated by the global one); empty: one Prometheus."""
 
     def _url(self, part: str) -> str:
         return f"http://{self.host}:{self.ports[part]}"
@@ -201,8 +232,17 @@ class Endpoints:
 
     @property
     def prometheus_url(self) -> str:
-        """Prometheus."""
-        return self._url("prometheus")
+        """Prometheus (the global one when each region has its own): rules, alerts, queries."""
+        return self._url(GLOBAL_PART)
+
+    @property
+    def federated(self) -> bool:
+        """True when the global Prometheus federates one Prometheus per region."""
+        return bool(self.prometheus_regions)
+
+    def regional_prometheus_url(self, region: str) -> str:
+        """The Prometheus of one region."""
+        return self._url(regional_part(region))
 
     @property
     def alertmanager_url(self) -> str:
@@ -245,10 +285,14 @@ class Endpoints:
 
 
 def build_endpoints(
-    ports: Mapping[str, int], regions: Sequence[str], host: str = HOST
+    ports: Mapping[str, int],
+    regions: Sequence[str],
+    host: str = HOST,
+    prometheus_regions: Sequence[str] = (),
 ) -> Endpoints:
     """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
-    missing = [part for part in build_ported_parts(regions) if part not in ports]
+    parts = build_ported_parts(regions, prometheus_regions)
+    missing = [part for part in parts if part not in ports]
     if missing:
         raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
     for part, port in ports.items():
@@ -256,7 +300,7 @@ def build_endpoints(
             raise StackConfigError(f"port of {part} must be 1..65535, got {port}")
     if len(set(ports.values())) != len(ports):
         raise StackConfigError("two parts were given the same port")
-    return Endpoints(host, dict(ports), tuple(regions))
+    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions))
 
 
 def check_regions(spec: Spec) -> None:
@@ -280,11 +324,12 @@ def build_rule_texts(stack_spec: Spec, source: str) -> tuple[str, str]:
     return outputs[RULES_DIR / RULE_FILE], outputs[RULES_DIR / ALERTMANAGER_FILE]
 
 
-def pipeline_budget_seconds(spec: Spec, for_seconds: float) -> float:
-    """scrape + eval + for + group_wait: the configured wait from a fault to a notification."""
+def pipeline_budget_seconds(spec: Spec, for_seconds: float, federated: bool = False) -> float:
+    """scrape (+ a federation scrape) + eval + for + group_wait: from a fault to a notification."""
     t = spec.timing
+    scrapes = 2 if federated else 1
     return (
-        t.scrape_interval_seconds
+        scrapes * t.scrape_interval_seconds
         + t.evaluation_interval_seconds
         + for_seconds
         + t.group_wait_seconds
@@ -324,6 +369,20 @@ def build_prometheus_config(spec: Spec, endpoints: Endpoints, rule_file: Path) -
             job("alertmanager", "alertmanager"),
         ],
     }
+
+
+def build_prometheus_configs(
+    spec: Spec, endpoints: Endpoints, rule_file: Path
+) -> dict[str, dict[str, Any]]:
+    """prometheus.yml of every Prometheus part: one, or one per region plus a federating global."""
+    base = build_prometheus_config(spec, endpoints, rule_file)
+    if not endpoints.federated:
+        return {GLOBAL_PART: base}
+    parts = (*(regional_part(r) for r in endpoints.prometheus_regions), GLOBAL_PART)
+    addresses = {part: f"{endpoints.host}:{endpoints.ports[part]}" for part in parts}
+    last = endpoints.prometheus_regions[-1]
+    job_regions = dict.fromkeys(CONTROL_PLANE_JOBS, last)
+    return build_multiregion_configs(spec, base, addresses, job_regions).parts()
 
 
 def build_healthy_faults(region_index: int) -> dict[str, Any]:

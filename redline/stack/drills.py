@@ -396,9 +396,10 @@ class DeferredRecovery:
 # ---- shared steps ------------------------------------------------------------------------------
 
 
-def budget_for(spec: Spec, for_seconds: float) -> float:
-    """The pipeline budget of an alert with this `for`."""
-    return round(pipeline_budget_seconds(spec, for_seconds), 3)
+def budget_for(ctx: DrillContext, for_seconds: float) -> float:
+    """The pipeline budget of an alert with this `for` (one more scrape through federation)."""
+    federated = ctx.endpoints.federated
+    return round(pipeline_budget_seconds(ctx.spec, for_seconds, federated), 3)
 
 
 def require_quiet(ctx: DrillContext, result: DrillResult, labels: Mapping[str, str]) -> None:
@@ -549,7 +550,7 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
     red = spec.red_lines.latency_p99
     primary, secondary = ctx.endpoints.regions[0], ctx.endpoints.regions[1]
     result = DrillResult(
-        "latency", "RedLineLatencyP99", red.playbook, budget_for(spec, red.for_seconds)
+        "latency", "RedLineLatencyP99", red.playbook, budget_for(ctx, red.for_seconds)
     )
     labels = {"region": primary}
     require_quiet(ctx, result, labels)
@@ -666,7 +667,7 @@ def drill_staleness(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     red = spec.red_lines.index_consistency
     result = DrillResult(
-        "staleness", "RedLineIndexStaleness", red.playbook, budget_for(spec, red.for_seconds)
+        "staleness", "RedLineIndexStaleness", red.playbook, budget_for(ctx, red.for_seconds)
     )
     labels = {"collection": COLLECTION}
     require_quiet(ctx, result, labels)
@@ -738,7 +739,7 @@ def drill_session_rpo(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     target = spec.rpo.session_state
     result = DrillResult("session-rpo", "SessionRPOBreach", target.playbook,
-                         budget_for(spec, target.for_seconds))  # fmt: skip
+                         budget_for(ctx, target.for_seconds))  # fmt: skip
     labels: dict[str, str] = {}
     require_quiet(ctx, result, labels)
     part = ctx.state.part("session-replica")
@@ -819,7 +820,7 @@ def drill_exporter_down(ctx: DrillContext) -> DrillResult:
     """Exporter killed -> SLIAbsent (no silent red line) -> exporter restarted -> resolved."""
     spec = ctx.spec
     result = DrillResult("exporter-down", "SLIAbsent", None,
-                         budget_for(spec, spec.timing.absent_for_seconds))  # fmt: skip
+                         budget_for(ctx, spec.timing.absent_for_seconds))  # fmt: skip
     labels = {"sli": EXPORTER_SLIS[0]}
     for sli in EXPORTER_SLIS:
         require_quiet(ctx, result, {"sli": sli})
@@ -939,7 +940,7 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
     gate = spec.rollback
     version = REGRESSION_VERSION
     result = DrillResult("regression", "SemanticRollbackTwoSignal", gate.playbook,
-                         budget_for(spec, gate.for_seconds))  # fmt: skip
+                         budget_for(ctx, gate.for_seconds))  # fmt: skip
     labels = {"model": ADAPTER, "model_version": version}
     require_quiet(ctx, result, labels)
     baseline_p99, baseline_accuracy = _baseline(ctx, version)
@@ -1010,7 +1011,7 @@ def drill_regression_negative(ctx: DrillContext) -> DrillResult:
     gate = spec.rollback
     version = NEGATIVE_VERSION
     result = DrillResult("regression-negative", "SemanticRollbackTwoSignal", gate.playbook,
-                         budget_for(spec, gate.for_seconds))  # fmt: skip
+                         budget_for(ctx, gate.for_seconds))  # fmt: skip
     result.expect_alert = False
     labels = {"model": ADAPTER, "model_version": version}
     require_quiet(ctx, result, labels)

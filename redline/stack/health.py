@@ -62,7 +62,7 @@ class _Checker:
         if name.startswith("milvus-"):
             with socket.create_connection((self.state.host, part.port or 0), timeout=1.0):
                 return True, f"gRPC port {part.port} open"
-        if name == "prometheus":
+        if name.startswith("prometheus"):
             targets = self.get(f"{url}/api/v1/targets?state=active").json()["data"]
             active = targets["activeTargets"]
             up = sum(1 for t in active if t.get("health") == "up")

@@ -113,6 +113,11 @@ def build_global_config(
         {
             "job_name": f"federate-{region}",
             "honor_labels": True,
+            # /federate stamps each sample with its own time, and Prometheus writes no staleness
+            # marker when a timestamped series disappears: an exporter gone from its region
+            # would look alive globally for the 5 min lookback (no SLIAbsent). Stamping samples
+            # at federation time restores staleness, at the cost of one scrape of delay.
+            "honor_timestamps": False,
             "metrics_path": "/federate",
             "params": {"match[]": federate_match()},
             "scrape_interval": interval,

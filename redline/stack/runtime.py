@@ -30,6 +30,8 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from redline.dashboards.render import DASHBOARDS_DIR
+from redline.generate import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
 from redline.platform.processes import (
     Service,
     ServiceError,
@@ -44,7 +46,6 @@ from redline.slo.load import LoadedSpec, SpecError, apply_profile, load_spec
 from redline.slo.spec import Spec
 from redline.stack.config import (
     HOST,
-    SERVICE_PARTS,
     Endpoints,
     PartCommand,
     StackConfigError,
@@ -52,11 +53,16 @@ from redline.stack.config import (
     build_endpoints,
     build_part_commands,
     build_ported_parts,
-    build_prometheus_config,
-    build_rule_texts,
+    build_prometheus_configs,
+    build_service_parts,
     build_stack_spec,
     check_regions,
     render_settings,
+)
+from redline.stack.multiregion import (
+    MultiRegionError,
+    render_prometheus_config,
+    select_regions,
 )
 
 STATE_FORMAT = 1
@@ -108,6 +114,10 @@ class StackState(BaseModel):
     spec_source: str
     host: str
     regions: list[str]
+    prometheus_regions: list[str] = Field(
+        default_factory=list,
+        description="Regions with their own Prometheus, federated by the global one.",
+    )
     ports: dict[str, int]
     rate: float
     seed: int
@@ -120,7 +130,7 @@ class StackState(BaseModel):
 
     def endpoints(self) -> Endpoints:
         """The URLs of this run."""
-        return build_endpoints(self.ports, self.regions, self.host)
+        return build_endpoints(self.ports, self.regions, self.host, self.prometheus_regions)
 
     def layout(self) -> StackLayout:
         """The run directory's layout."""
@@ -371,6 +381,8 @@ class UpOptions:
     seed: int = 7
     baseline_requests: int = 200
     ready_timeout: float = 90.0
+    prometheus_regions: int | None = None
+    """`--regions N`: a Prometheus for each of the spec's first N regions and a global one."""
 
 
 SERVICE_BINARIES = {
@@ -490,16 +502,18 @@ def write_configs(
     endpoints: Endpoints,
     commands: Sequence[PartCommand],
 ) -> None:
-    """Write the token, the generated rules and Alertmanager config, and every settings file."""
-    import yaml
-
+    """Write the token, the generated rules, Alertmanager config and dashboards, every
+    Prometheus config and every settings file."""
     _write(layout.token_file, secrets.token_urlsafe(32) + "\n", 0o600)
     stack_spec = build_stack_spec(spec, endpoints, layout.token_file)
-    rules, alertmanager = build_rule_texts(stack_spec, source)
-    _write(layout.rule_file, rules)
-    _write(layout.alertmanager_file, alertmanager)
-    prometheus = build_prometheus_config(stack_spec, endpoints, layout.rule_file)
-    _write(layout.prometheus_file, yaml.safe_dump(prometheus, sort_keys=False))
+    outputs = build_outputs(stack_spec, source)
+    _write(layout.rule_file, outputs[RULES_DIR / RULE_FILE])
+    _write(layout.alertmanager_file, outputs[RULES_DIR / ALERTMANAGER_FILE])
+    for path, text in outputs.items():
+        if path.parent == DASHBOARDS_DIR:
+            _write(layout.dashboards_dir / path.name, text)
+    for part, config in build_prometheus_configs(stack_spec, endpoints, layout.rule_file).items():
+        _write(layout.prometheus_config(part), render_prometheus_config(config))
     for command in commands:
         _write(layout.settings_file(command.part), render_settings(command.settings))
 
@@ -527,8 +541,8 @@ class _Starter:
         service: Service
         if name == "redis":
             service = start_redis(workdir, port)
-        elif name == "prometheus":
-            service = start_prometheus(workdir, self.layout.prometheus_file, port)
+        elif name.startswith("prometheus"):
+            service = start_prometheus(workdir, self.layout.prometheus_config(name), port)
         elif name == "alertmanager":
             service = start_alertmanager(workdir, self.layout.alertmanager_file, port)
         else:
@@ -629,6 +643,15 @@ def _load(spec_path: Path | None) -> tuple[LoadedSpec, Spec]:
     return loaded, spec
 
 
+def _prometheus_regions(spec: Spec, count: int | None) -> tuple[str, ...]:
+    if count is None:
+        return ()
+    try:
+        return select_regions(spec, count)
+    except MultiRegionError as exc:
+        raise StackError(str(exc)) from None
+
+
 class StartInterruptedError(StackError):
     """`redline up` was interrupted (SIGINT, SIGTERM, SIGHUP) while starting."""
 
@@ -669,8 +692,10 @@ def start_stack(
     layout = StackLayout(options.run_dir.resolve())
     with run_dir_lock(layout):
         prepare_run_dir(layout, say)
-        ports = choose_ports(build_ported_parts(spec.regions), options.ports)
-        endpoints = build_endpoints(ports, spec.regions)
+        prometheus_regions = _prometheus_regions(spec, options.prometheus_regions)
+        parts = build_ported_parts(spec.regions, prometheus_regions)
+        ports = choose_ports(parts, options.ports)
+        endpoints = build_endpoints(ports, spec.regions, prometheus_regions=prometheus_regions)
         spec_path = options.spec_path.resolve() if options.spec_path else None
         commands = build_part_commands(
             spec, endpoints, layout, spec_path, options.rate, options.seed
@@ -685,6 +710,7 @@ def start_stack(
             spec_source=loaded.source,
             host=endpoints.host,
             regions=list(spec.regions),
+            prometheus_regions=list(prometheus_regions),
             ports=ports,
             rate=options.rate,
             seed=options.seed,
@@ -714,9 +740,15 @@ def _start_all(
     after_start: Callable[[StackState, Say], None],
 ) -> None:
     say = starter.say
-    say("starting redis-server, Milvus Lite (primary, replica), Prometheus, Alertmanager")
-    pool = ThreadPoolExecutor(max_workers=len(SERVICE_PARTS))
-    futures = {name: pool.submit(starter.service, name, endpoints) for name in SERVICE_PARTS}
+    services = build_service_parts(endpoints.prometheus_regions)
+    prometheus = (
+        "Prometheus"
+        if not endpoints.federated
+        else (f"Prometheus ({', '.join(endpoints.prometheus_regions)} and global)")
+    )
+    say(f"starting redis-server, Milvus Lite (primary, replica), {prometheus}, Alertmanager")
+    pool = ThreadPoolExecutor(max_workers=len(services))
+    futures = {name: pool.submit(starter.service, name, endpoints) for name in services}
     errors: list[str] = []
     try:
         for name, future in futures.items():
@@ -801,8 +833,10 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
     """(what, where) lines `redline up` prints."""
     e = state.endpoints()
     layout = state.layout()
+    regional = [(f"Prometheus {r}", e.regional_prometheus_url(r)) for r in e.prometheus_regions]
     rows = [
-        ("Prometheus", e.prometheus_url),
+        ("Prometheus (global)" if e.federated else "Prometheus", e.prometheus_url),
+        *regional,
         ("Alertmanager", e.alertmanager_url),
         ("Remediation receiver", f"{e.receiver_url}  (POST /alerts, GET /jobs)"),
         ("Gateway (OpenAI API)", f"{e.gateway_url}/v1/chat/completions"),

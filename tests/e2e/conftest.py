@@ -1,4 +1,5 @@
-"""One local stack for the whole e2e session, started and stopped through the real CLI.
+"""One local stack for the whole e2e session, started and stopped through the real CLI, with a
+Prometheus per region federated by a global one (`redline up --regions 2`).
 
 The run directory is seeded with the state file of a "crashed" earlier run (its pids exited long
 ago), so every session also proves that `redline up` cleans up a stale run directory.
@@ -29,7 +30,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     run_dir.mkdir()
     seed_crashed_run(StackLayout(run_dir))
     started = time.monotonic()
-    up = redline("up", "--run-dir", str(run_dir), timeout=UP_TIMEOUT)
+    # One Prometheus per region and a global one federating them: the drills close their loops
+    # through federation (the single-Prometheus stack is the `redline demo` default).
+    up = redline("up", "--run-dir", str(run_dir), "--regions", "2", timeout=UP_TIMEOUT)
     seconds = time.monotonic() - started
     assert up.returncode == 0, f"redline up failed:\n{up.stdout}\n{up.stderr}"
     state = load_running(run_dir)

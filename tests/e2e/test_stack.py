@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from redline.dashboards.render import BUILDERS
+from redline.rules.build import p99_record
 from redline.stack.config import StackLayout, build_part_names
 from redline.stack.runtime import load_running, part_alive, read_state
 from tests.e2e.stack_support import RunningStack, processes_mentioning, redline
@@ -26,7 +28,9 @@ def test_up_cleans_a_stale_run_dir_and_starts_every_part(stack: RunningStack) ->
     assert "stale run directory" in stack.up.stderr
     assert not (stack.run_dir / "logs" / "old.log").exists()
     state = load_running(stack.run_dir)  # the drills may have restarted a part since
-    assert [p.name for p in state.parts] == list(build_part_names(state.regions))
+    assert [p.name for p in state.parts] == list(
+        build_part_names(state.regions, state.prometheus_regions)
+    )
     assert all(part_alive(p) for p in state.parts)
     assert state.status == "running"
     for what in ("Prometheus", "Alertmanager", "Remediation receiver"):
@@ -46,11 +50,13 @@ def test_status_shows_every_part_healthy(stack: RunningStack) -> None:
             break
         time.sleep(2)
     assert status.returncode == 0, status.stdout + status.stderr
-    for name in build_part_names(stack.state.regions):
+    for name in build_part_names(stack.state.regions, stack.state.prometheus_regions):
         assert name in status.stdout
     assert "unhealthy" not in status.stdout
     as_json = json.loads(redline("status", "--run-dir", str(stack.run_dir), "--json").stdout)
-    assert {p["name"] for p in as_json["parts"]} == set(build_part_names(stack.state.regions))
+    assert {p["name"] for p in as_json["parts"]} == set(
+        build_part_names(stack.state.regions, stack.state.prometheus_regions)
+    )
     assert all(h["healthy"] and h["alive"] for h in as_json["health"].values())
 
 
@@ -63,15 +69,61 @@ def test_prometheus_and_alertmanager_run_the_generated_local_profile(stack: Runn
         rules = {r["name"]: r for g in groups for r in g["rules"]}
         assert rules["RedLineLatencyP99"]["duration"] == 2
         assert "p99_30s" in rules["RedLineLatencyP99"]["query"]
-        targets = http.get(f"{endpoints.prometheus_url}/api/v1/targets").json()["data"]
-        assert {t["labels"]["job"] for t in targets["activeTargets"]} >= {
-            "gateway",
-            "exporters",
-            "remediation",
-        }
         am = http.get(f"{endpoints.alertmanager_url}/api/v2/status").json()
         assert f"{endpoints.receiver_url}/alerts" in am["config"]["original"]
         assert "group_wait: 1s" in am["config"]["original"]
+
+
+def _series(http: httpx.Client, url: str, query: str) -> list[dict[str, str]]:
+    body = http.get(f"{url}/api/v1/series", params={"match[]": query}).json()
+    assert body["status"] == "success", body
+    series: list[dict[str, str]] = body["data"]
+    return series
+
+
+def test_each_region_has_its_prometheus_and_the_global_one_federates_them(
+    stack: RunningStack,
+) -> None:
+    """Regional Prometheus servers scrape their region's jobs and stamp `region`; the global
+    one scrapes only their /federate endpoints, holds every job's series, evaluates the rules."""
+    state = stack.state
+    endpoints = state.endpoints()
+    assert state.prometheus_regions == state.regions[:2] and endpoints.federated
+    first, last = state.prometheus_regions[0], state.prometheus_regions[-1]
+    expected_jobs = {first: {"gateway", "exporters"}, last: {"remediation", "alertmanager"}}
+    with httpx.Client(timeout=5) as http:
+        for region in state.prometheus_regions:
+            url = endpoints.regional_prometheus_url(region)
+            config = http.get(f"{url}/api/v1/status/config").json()["data"]["yaml"]
+            assert f"region: {region}" in config
+            assert not http.get(f"{url}/api/v1/rules").json()["data"]["groups"]
+            jobs = {s["job"] for s in _series(http, url, "up")} - {"prometheus"}
+            assert jobs == expected_jobs[region], region
+        global_url = endpoints.prometheus_url
+        targets = http.get(f"{global_url}/api/v1/targets").json()["data"]["activeTargets"]
+        assert {t["labels"]["job"] for t in targets} == {
+            *(f"federate-{r}" for r in state.prometheus_regions),
+            "prometheus",
+        }
+        assert all(t["health"] == "up" for t in targets), targets
+        federated = _series(http, global_url, 'up{job=~"gateway|exporters|remediation"}')
+        assert {(s["job"], s["region"]) for s in federated} == {
+            ("gateway", first),
+            ("exporters", first),
+            ("remediation", last),
+        }
+        for query in ("redline_probe_success", 'up{job="alertmanager"}'):
+            body = http.get(f"{global_url}/api/v1/query", params={"query": query}).json()
+            assert body["data"]["result"], f"the global Prometheus has no {query}"
+
+
+def test_the_stack_writes_its_dashboards_for_the_local_profile(stack: RunningStack) -> None:
+    layout = StackLayout(stack.run_dir)
+    spec = stack.state.load_spec()
+    names = sorted(path.name for path in layout.dashboards_dir.glob("*.json"))
+    assert names == sorted(BUILDERS)
+    red_lines = (layout.dashboards_dir / "red-lines.json").read_text("utf-8")
+    assert p99_record(spec) in red_lines and "p99_30s" in red_lines
 
 
 def test_a_second_up_on_a_live_run_dir_is_refused(stack: RunningStack) -> None:

@@ -51,15 +51,18 @@ def _exporter(spec: Spec, region: str) -> tuple[CollectorRegistry, Any]:
 
 
 @pytest.fixture()
-def topology(tmp_path: Path) -> Iterator[tuple[Spec, dict[str, Service], dict[str, Any]]]:
+def topology(
+    tmp_path: Path,
+) -> Iterator[tuple[Spec, dict[str, Service], dict[str, Any], dict[str, Any]]]:
     spec = apply_profile(load_spec().spec, "local")
     write_outputs(tmp_path, build_outputs(spec, "spec.yaml"))
-    servers, histograms, jobs, job_regions = [], {}, [], {}
+    servers, histograms, jobs, job_regions, by_region = [], {}, [], {}, {}
     for region in spec.regions:
         registry, histograms[region] = _exporter(spec, region)
         port = free_port()
         server, thread = start_http_server(port, HOST, registry)
         servers.append((server, thread))
+        by_region[region] = server
         jobs.append(
             {"job_name": f"gateway-{region}", "static_configs": [{"targets": [f"{HOST}:{port}"]}]}
         )
@@ -81,7 +84,7 @@ def topology(tmp_path: Path) -> Iterator[tuple[Spec, dict[str, Service], dict[st
     try:
         for part, path in paths.items():
             services[part] = start_prometheus(tmp_path / part, path, port=ports[part])
-        yield spec, services, histograms
+        yield spec, services, histograms, by_region
     finally:
         for service in services.values():
             service.stop()
@@ -110,9 +113,9 @@ def _eventually(client: httpx.Client, service: Service, expr: str, want: int) ->
 
 
 def test_global_prometheus_sees_both_regions_and_evaluates_the_rules(
-    topology: tuple[Spec, dict[str, Service], dict[str, Any]],
+    topology: tuple[Spec, dict[str, Service], dict[str, Any], dict[str, Any]],
 ) -> None:
-    spec, services, histograms = topology
+    spec, services, histograms, _ = topology
     glob = services[GLOBAL_PART]
     with httpx.Client(timeout=5) as client:
         count = f"{spec.sources.request_duration}_count"
@@ -143,3 +146,25 @@ def test_global_prometheus_sees_both_regions_and_evaluates_the_rules(
         assert [s["metric"]["region"] for s in p99] == [spec.regions[1]]
         rules = client.get(f"{glob.url}/api/v1/rules").json()["data"]["groups"]
         assert any(group["name"] == "redline-red-lines" for group in rules)
+
+
+def test_a_target_gone_from_its_region_goes_stale_globally(
+    topology: tuple[Spec, dict[str, Service], dict[str, Any], dict[str, Any]],
+) -> None:
+    """/federate stamps samples with their own time and Prometheus writes no staleness marker
+    for timestamped series; without `honor_timestamps: false` the global view would keep a dead
+    exporter's last values for 5 minutes and an absent() alert could not fire."""
+    spec, services, _, exporters = topology
+    glob = services[GLOBAL_PART]
+    gone = spec.regions[1]
+    with httpx.Client(timeout=5) as client:
+        assert len(_eventually(client, glob, "vectordb_index_staleness_seconds", 2)) == 2
+        exporters[gone].shutdown()
+        exporters[gone].server_close()
+        deadline = time.monotonic() + 20
+        regions = {gone}
+        while time.monotonic() < deadline and gone in regions:
+            result = _query(client, glob, "vectordb_index_staleness_seconds")
+            regions = {s["metric"]["region"] for s in result}
+            time.sleep(0.25)
+        assert regions == {spec.regions[0]}

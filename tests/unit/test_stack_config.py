@@ -28,6 +28,7 @@ from redline.stack.config import (
     build_part_names,
     build_ported_parts,
     build_prometheus_config,
+    build_prometheus_configs,
     build_rule_texts,
     build_stack_spec,
     check_regions,
@@ -135,6 +136,70 @@ def test_prometheus_config_scrapes_every_http_part_at_the_profile_interval(
 def test_pipeline_budget_is_scrape_eval_for_and_group_wait(local_spec: Spec) -> None:
     assert pipeline_budget_seconds(local_spec, 2) == 5.0
     assert pipeline_budget_seconds(load_spec().spec, 60) == 15 + 15 + 60 + 10
+    # Through federation a sample is scraped twice before the global rules see it.
+    assert pipeline_budget_seconds(local_spec, 2, federated=True) == 6.0
+
+
+def test_regions_add_a_prometheus_per_region_started_before_the_global_one() -> None:
+    names = build_part_names(REGIONS, REGIONS)
+    services = names[: len(SERVICE_PARTS) + 2]
+    assert services.index("prometheus-primary") < services.index("prometheus")
+    assert services.index("prometheus-secondary") < services.index("prometheus")
+    assert set(services) == {*SERVICE_PARTS, "prometheus-primary", "prometheus-secondary"}
+    ported = build_ported_parts(REGIONS, REGIONS)
+    assert {"prometheus-primary", "prometheus-secondary"} <= set(ported)
+    with pytest.raises(StackConfigError, match="prometheus-secondary"):
+        build_endpoints({part: 21000 + i for i, part in enumerate(build_ported_parts(REGIONS))},
+                        REGIONS, prometheus_regions=REGIONS)  # fmt: skip
+
+
+def test_federated_configs_split_the_jobs_and_only_the_global_one_has_rules(
+    local_spec: Spec, layout: StackLayout
+) -> None:
+    ports = {part: 22000 + i for i, part in enumerate(build_ported_parts(REGIONS, REGIONS))}
+    endpoints = build_endpoints(ports, REGIONS, prometheus_regions=REGIONS)
+    assert endpoints.federated
+    assert endpoints.prometheus_url == f"http://127.0.0.1:{ports['prometheus']}"
+    assert endpoints.regional_prometheus_url("secondary").endswith(
+        str(ports["prometheus-secondary"])
+    )
+    configs = build_prometheus_configs(local_spec, endpoints, layout.rule_file)
+    assert set(configs) == {"prometheus", "prometheus-primary", "prometheus-secondary"}
+
+    def jobs(part: str) -> dict[str, list[str]]:
+        scrape = configs[part]["scrape_configs"]
+        return {j["job_name"]: j["static_configs"][0]["targets"] for j in scrape}
+
+    assert set(jobs("prometheus-primary")) == {"gateway", "exporters", "prometheus"}
+    assert set(jobs("prometheus-secondary")) == {"remediation", "alertmanager", "prometheus"}
+    assert jobs("prometheus-secondary")["prometheus"] == [
+        f"127.0.0.1:{ports['prometheus-secondary']}"
+    ]
+    for region in REGIONS:
+        regional = configs[f"prometheus-{region}"]
+        assert regional["global"]["external_labels"]["region"] == region
+        assert "rule_files" not in regional and "alerting" not in regional
+    global_ = configs["prometheus"]
+    assert global_["rule_files"] == [str(layout.rule_file)]
+    assert "region" not in global_["global"]["external_labels"]
+    federate = {j["job_name"]: j for j in global_["scrape_configs"]}
+    assert set(federate) == {"federate-primary", "federate-secondary", "prometheus"}
+    assert federate["federate-secondary"]["static_configs"][0]["targets"] == [
+        f"127.0.0.1:{ports['prometheus-secondary']}"
+    ]
+    assert all(federate[f"federate-{r}"]["honor_labels"] for r in REGIONS)
+
+
+def test_single_prometheus_config_is_unchanged_without_regions(
+    local_spec: Spec, ports: dict[str, int], layout: StackLayout
+) -> None:
+    endpoints = build_endpoints(ports, REGIONS)
+    assert not endpoints.federated
+    configs = build_prometheus_configs(local_spec, endpoints, layout.rule_file)
+    assert configs == {
+        "prometheus": build_prometheus_config(local_spec, endpoints, layout.rule_file)
+    }
+    assert layout.prometheus_file == layout.prometheus_config("prometheus")
 
 
 def _commands(local_spec: Spec, ports: dict[str, int], layout: StackLayout) -> dict[str, Any]:
