@@ -39,11 +39,16 @@ def burn_rate_expr(slo: Slo, window_seconds: int) -> str:
 
 
 def exhaustion_expr(slo: Slo) -> str:
-    """Seconds until the remaining budget is gone at the current burn rate (+Inf: not burning)."""
+    """Seconds until the remaining budget is gone at the current burn rate, capped at the period.
+
+    Not burning at all would be +Inf, which a stat shows as nothing useful; any time beyond the
+    period means the same thing to an operator (the budget outlasts it), so it reads as the period.
+    """
     period = number(parse_duration(slo.period))
     sel = selector({"slo": slo.name})
     burn = burn_rate_expr(slo, exhaustion_window_seconds())
-    return f"clamp_min({REMAINING}{sel}, 0) * {period}\n/ on (slo)\n({burn})"
+    projected = f"clamp_min({REMAINING}{sel}, 0) * {period}\n/ on (slo)\n({burn})"
+    return f"clamp_max(\n{projected},\n{period}\n)"
 
 
 def _slo_section(spec: Spec, slo: Slo) -> Section:

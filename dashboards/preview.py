@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from redline.dashboards.check import QueryError, fetch_query_range
 from redline.dashboards.queries import GrafanaContext, all_panels, substitute
 
 GRID_COLUMNS = 24
@@ -49,20 +50,10 @@ def format_legend(template: str, labels: Mapping[str, str]) -> str:
 
 def fetch_range(client: httpx.Client, expr: str, context: GrafanaContext) -> list[dict[str, Any]]:
     """A range query over the context's time range at `$__interval` resolution."""
-    response = client.get(
-        "/api/v1/query_range",
-        params={
-            "query": expr,
-            "start": context.start,
-            "end": context.end,
-            "step": context.interval_seconds,
-        },
-    )
-    body = response.json()
-    if response.status_code != 200 or body.get("status") != "success":
-        raise PreviewError(f"{expr}: {body.get('error', response.text)}")
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
+    try:
+        return fetch_query_range(client, expr, context)
+    except QueryError as exc:
+        raise PreviewError(f"{expr}: {exc}") from None
 
 
 def fetch_panels(

@@ -28,6 +28,7 @@ LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli_stack": ("up", "down", "status", "drill", "loadgen"),
     "redline.cli_spot": ("spot-agent",),
     "redline.cli_report": ("report",),
+    "redline.cli_dashboards": ("dashboards",),
 }
 """Module → the top-level commands its `register(app)` adds."""
 

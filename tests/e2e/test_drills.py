@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
+from redline.stack.config import StackLayout
 from redline.stack.drills import DRILL_ORDER, DrillResult, run_drills
 from redline.stack.report import render_json, write_json
 from redline.stack.runtime import load_running
-from tests.e2e.stack_support import RunningStack
+from tests.e2e.stack_support import RunningStack, redline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -110,3 +112,27 @@ def test_the_artifact_holds_every_drills_timings(drills: dict[str, DrillResult])
                     "lost", "pipeline_budget_plus_2s", "within_budget"):  # fmt: skip
             assert key in entry
     assert data["ok"] is all(r.ok for r in drills.values())
+
+
+def test_every_dashboard_query_returns_data_from_the_live_stack(
+    stack: RunningStack, drills: dict[str, DrillResult], tmp_path: Path
+) -> None:
+    """After the drills (alerts fired, playbooks ran, a version switched back), every panel and
+    annotation query of the dashboards `redline up` wrote for the local profile returns data from
+    the stack's global Prometheus, run by `redline dashboards check`. The spot dashboard's
+    series come from the spot drills' own fleet (checked in tests/integration)."""
+    layout = StackLayout(stack.run_dir)
+    for path in layout.dashboards_dir.glob("*.json"):
+        if path.name != "spot.json":
+            shutil.copy(path, tmp_path / path.name)
+    state = load_running(stack.run_dir)
+    last = max(60.0, time.time() - state.started_at)
+    check = redline(
+        "dashboards", "check", "--prometheus", state.endpoints().prometheus_url,
+        "--dir", str(tmp_path), "--profile", "local", "--last", f"{last:.0f}",
+        timeout=300.0,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    summary = check.stdout.strip().splitlines()[-1]
+    returned, total = (int(word) for word in summary.split()[:3:2])
+    assert returned == total > 80, summary

@@ -5,7 +5,6 @@ template variables filter as Grafana would fill them."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from redline.dashboards.queries import (
-    GrafanaContext,
-    panel_queries,
-    substitute,
-    variable_queries,
+from redline.dashboards.check import (
+    check_dashboard,
+    fetch_context,
+    fetch_query_range,
+    render_outcomes,
 )
+from redline.dashboards.queries import GrafanaContext, panel_queries, substitute
 from redline.dashboards.render import BUILDERS, DASHBOARDS_DIR
 from redline.rules.build import p99_record
 from redline.sample_prometheus import SamplePrometheus, start_sample_prometheus
@@ -57,49 +57,12 @@ def _load(name: str) -> dict[str, Any]:
     return data
 
 
-def _label_values(
-    client: httpx.Client, label: str, match: str | None, start: float, end: float
-) -> list[str]:
-    params: dict[str, Any] = {"start": start, "end": end}
-    if match:
-        params["match[]"] = match
-    body = client.get(f"/api/v1/label/{label}/values", params=params).json()
-    assert body["status"] == "success", body
-    return sorted(body["data"])
-
-
-def _query_range(client: httpx.Client, expr: str, context: GrafanaContext) -> list[dict[str, Any]]:
-    response = client.get(
-        "/api/v1/query_range",
-        params={
-            "query": expr,
-            "start": context.start,
-            "end": context.end,
-            "step": context.interval_seconds,
-        },
-    )
-    body = response.json()
-    assert response.status_code == 200 and body["status"] == "success", f"{expr}\n{body}"
-    result: list[dict[str, Any]] = body["data"]["result"]
-    return result
-
-
-def _finite(result: list[dict[str, Any]]) -> int:
-    return sum(
-        1 for series in result for _, value in series["values"] if math.isfinite(float(value))
-    )
-
-
 def _context(
     client: httpx.Client, dashboard: dict[str, Any], prometheus: SamplePrometheus, spec: Spec
 ) -> GrafanaContext:
     hours = float(dashboard["time"]["from"].removeprefix("now-").removesuffix("h"))
     start, end = prometheus.end - hours * 3600, prometheus.end
-    values = {
-        v.name: _label_values(client, v.label, v.match, start, end)
-        for v in variable_queries(dashboard)
-    }
-    return GrafanaContext(start, end, spec.timing.scrape_interval_seconds, values)
+    return fetch_context(client, dashboard, start, end, spec.timing.scrape_interval_seconds)
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))
@@ -110,15 +73,12 @@ def test_every_panel_query_returns_data(
     context = _context(client, dashboard, prometheus, spec)
     for variable, selected in context.values.items():
         assert selected, f"{name}: variable ${variable} has no values"
-    queries = list(panel_queries(dashboard))
-    assert len(queries) >= 5
-    empty = []
-    for query in queries:
-        expr = substitute(query.expr, context)
-        assert "$" not in expr, f"{name}: {query.where}: unsubstituted variable in {expr}"
-        if _finite(_query_range(client, expr, context)) == 0:
-            empty.append(f"{query.where}: {expr}")
-    assert not empty, f"{name}: queries without data:\n" + "\n".join(empty)
+    outcomes = check_dashboard(client, name, dashboard, context)
+    assert len(outcomes) >= 5
+    for outcome in outcomes:
+        assert "$" not in outcome.expr, f"{name}: {outcome.where}: unsubstituted {outcome.expr}"
+    bad = [outcome for outcome in outcomes if not outcome.ok]
+    assert not bad, f"{name}: queries without data:\n" + render_outcomes(bad)
 
 
 def test_region_variable_lists_the_spec_regions_and_filters(
@@ -132,9 +92,9 @@ def test_region_variable_lists_the_spec_regions_and_filters(
         one = GrafanaContext(
             context.start, context.end, context.scrape_interval, {"region": [region]}
         )
-        result = _query_range(client, substitute(p99.expr, one), one)
+        result = fetch_query_range(client, substitute(p99.expr, one), one)
         assert {series["metric"]["region"] for series in result} == {region}
-    both = _query_range(client, substitute(p99.expr, context), context)
+    both = fetch_query_range(client, substitute(p99.expr, context), context)
     assert {series["metric"]["region"] for series in both} == set(spec.regions)
 
 
@@ -146,12 +106,12 @@ def test_red_line_panels_show_the_breach_the_sample_holds(
     dashboard = _load("red-lines.json")
     context = _context(client, dashboard, prometheus, spec)
     p99 = next(q for q in panel_queries(dashboard) if p99_record(spec) in q.expr)
-    result = _query_range(client, substitute(p99.expr, context), context)
+    result = fetch_query_range(client, substitute(p99.expr, context), context)
     peak = {s["metric"]["region"]: max(float(v) for _, v in s["values"]) for s in result}
     limit = spec.red_lines.latency_p99.threshold_seconds
     assert peak[spec.regions[0]] > limit > peak[spec.regions[1]]
     alerts = next(q for q in panel_queries(dashboard) if q.where.startswith("annotation 'Critical"))
-    fired = _query_range(client, substitute(alerts.expr, context), context)
+    fired = fetch_query_range(client, substitute(alerts.expr, context), context)
     assert "RedLineLatencyP99" in {series["metric"]["alertname"] for series in fired}
 
 

@@ -8,11 +8,20 @@ what an uninterrupted request gets, and notice -> DRAINING within the spec's tar
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from redline.dashboards.check import (
+    check_dashboard,
+    fetch_context,
+    load_dashboards,
+    render_outcomes,
+)
+from redline.dashboards.render import DASHBOARDS_DIR
 from redline.platform.processes import Service
 from redline.slo.load import load_spec
 from redline.stack.drills import DRILLS
@@ -90,3 +99,18 @@ def test_replacement_that_never_becomes_ready(fleet: SpotFleet) -> None:
     assert report.alert_resolved_after > report.alert_firing_after
     latency = report.replacement_latency[node]
     assert latency is not None and latency > report.notice_windows["gcp"]
+
+
+def test_the_spot_dashboard_shows_the_drills(fleet: SpotFleet) -> None:
+    """After the four drills, every query of the committed spot dashboard returns data from the
+    fleet's Prometheus (it scrapes the fleet's gateway and agents and evaluates the spot alerts).
+    Only the remediation-runs annotation has no source here: the fleet runs no receiver."""
+    assert fleet.prometheus is not None
+    root = Path(__file__).resolve().parents[2]
+    dashboard = load_dashboards(root / DASHBOARDS_DIR)["spot.json"]
+    end = time.time()
+    with httpx.Client(base_url=fleet.prometheus.url, timeout=30, trust_env=False) as client:
+        context = fetch_context(client, dashboard, end - 900, end, fleet.config.scrape_seconds)
+        outcomes = check_dashboard(client, "spot.json", dashboard, context)
+    bad = [o for o in outcomes if not o.ok and o.where != "annotation 'Remediation runs'"]
+    assert len(outcomes) > 15 and not bad, render_outcomes(bad)

@@ -91,3 +91,27 @@ def test_check_runs_the_real_tools(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout
     assert "promtool test rules: ok" in result.stdout
     assert "amtool check-config: ok" in result.stdout
+
+
+def test_dashboards_check_bad_input_is_clear(tmp_path: Path) -> None:
+    missing = run("dashboards", "check", "--prometheus", "http://127.0.0.1:9", "--dir",
+                  str(tmp_path / "nope"))  # fmt: skip
+    assert missing.returncode == 2 and "not a directory of dashboard JSON" in missing.stderr
+    (tmp_path / "broken.json").write_text("{", "utf-8")
+    broken = run("dashboards", "check", "--prometheus", "http://127.0.0.1:9", "--dir",
+                 str(tmp_path))  # fmt: skip
+    assert broken.returncode == 2 and "broken.json: not readable JSON" in broken.stderr
+    (tmp_path / "broken.json").write_text('{"title": "x"}', "utf-8")
+    shapeless = run("dashboards", "check", "--prometheus", "http://127.0.0.1:9", "--dir",
+                    str(tmp_path))  # fmt: skip
+    assert shapeless.returncode == 2 and "broken.json: panels:" in shapeless.stderr
+    profile = run("dashboards", "check", "--prometheus", "http://127.0.0.1:9",
+                  "--profile", "nope")  # fmt: skip
+    assert profile.returncode == 2 and "unknown profile 'nope'" in profile.stderr
+
+
+def test_dashboards_check_without_prometheus_exits_3() -> None:
+    from redline.platform.processes import free_port
+
+    result = run("dashboards", "check", "--prometheus", f"http://127.0.0.1:{free_port()}")
+    assert result.returncode == 3 and "Prometheus unreachable" in result.stderr

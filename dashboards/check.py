@@ -1,0 +1,181 @@
+"""Run every query of generated dashboards against a live Prometheus, as Grafana would send it.
+
+Grafana is not needed: the template variables are filled from `label_values` over the time
+range (all values selected, as the dashboards default to *All*), `$__interval`,
+`$__rate_interval` and `$__range` from the range and the scrape interval, and each panel target
+and annotation runs as a range query. A query passes when Prometheus accepts it and it returns at
+least one finite point. `redline dashboards check` and the tests use this.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from redline.dashboards.queries import (
+    GrafanaContext,
+    VariableError,
+    panel_queries,
+    substitute,
+    variable_queries,
+)
+
+
+class DashboardCheckError(Exception):
+    """A dashboard file cannot be read, or Prometheus cannot be reached."""
+
+
+class QueryError(Exception):
+    """Prometheus rejected a query (the message is Prometheus' error)."""
+
+
+@dataclass(frozen=True)
+class QueryOutcome:
+    """What one dashboard query returned."""
+
+    dashboard: str
+    where: str
+    expr: str
+    series: int = 0
+    points: int = 0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Accepted by Prometheus and at least one finite point."""
+        return self.error is None and self.points > 0
+
+
+def load_dashboards(directory: Path) -> dict[str, dict[str, Any]]:
+    """Every `*.json` dashboard of a directory by file name; DashboardCheckError when bad."""
+    if not directory.is_dir():
+        raise DashboardCheckError(f"{directory}: not a directory of dashboard JSON files")
+    dashboards: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = json.loads(path.read_text("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DashboardCheckError(f"{path}: not readable JSON: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("panels"), list):
+            raise DashboardCheckError(f"{path}: panels: a Grafana dashboard needs a panel list")
+        dashboards[path.name] = data
+    if not dashboards:
+        raise DashboardCheckError(f"{directory}: no *.json dashboards in it")
+    return dashboards
+
+
+def _api(client: httpx.Client, path: str, params: Mapping[str, Any]) -> Any:
+    try:
+        response = client.get(path, params=dict(params))
+    except httpx.HTTPError as exc:
+        raise DashboardCheckError(f"{client.base_url}: {exc}") from None
+    try:
+        body = response.json()
+    except ValueError:
+        raise DashboardCheckError(
+            f"{client.base_url}{path}: HTTP {response.status_code}, not a Prometheus API answer"
+        ) from None
+    if response.status_code != 200 or body.get("status") != "success":
+        raise QueryError(str(body.get("error", response.text)))
+    return body["data"]
+
+
+def fetch_label_values(
+    client: httpx.Client, label: str, match: str | None, start: float, end: float
+) -> list[str]:
+    """A label's values over a time range (what a `label_values` variable lists)."""
+    params: dict[str, Any] = {"start": start, "end": end}
+    if match:
+        params["match[]"] = match
+    values: list[str] = _api(client, f"/api/v1/label/{label}/values", params)
+    return sorted(values)
+
+
+def fetch_query_range(
+    client: httpx.Client, expr: str, context: GrafanaContext
+) -> list[dict[str, Any]]:
+    """A range query over the context's range at `$__interval`; QueryError when rejected."""
+    params = {
+        "query": expr,
+        "start": context.start,
+        "end": context.end,
+        "step": context.interval_seconds,
+    }
+    result: list[dict[str, Any]] = _api(client, "/api/v1/query_range", params)["result"]
+    return result
+
+
+def fetch_context(
+    client: httpx.Client,
+    dashboard: Mapping[str, Any],
+    start: float,
+    end: float,
+    scrape_interval: float,
+) -> GrafanaContext:
+    """The context Grafana would query with: every variable with all its values selected."""
+    values = {
+        v.name: fetch_label_values(client, v.label, v.match, start, end)
+        for v in variable_queries(dashboard)
+    }
+    return GrafanaContext(start, end, scrape_interval, values)
+
+
+def finite_points(result: Sequence[Mapping[str, Any]]) -> int:
+    """How many finite values a range query's series hold."""
+    return sum(
+        1 for series in result for _, value in series["values"] if math.isfinite(float(value))
+    )
+
+
+def check_dashboard(
+    client: httpx.Client, name: str, dashboard: Mapping[str, Any], context: GrafanaContext
+) -> list[QueryOutcome]:
+    """Run every panel target and annotation query of a dashboard."""
+    outcomes = []
+    for query in panel_queries(dashboard):
+        try:
+            expr = substitute(query.expr, context)
+        except VariableError as exc:
+            outcomes.append(QueryOutcome(name, query.where, query.expr, error=str(exc)))
+            continue
+        try:
+            result = fetch_query_range(client, expr, context)
+        except QueryError as exc:
+            outcomes.append(QueryOutcome(name, query.where, expr, error=str(exc)))
+            continue
+        outcomes.append(QueryOutcome(name, query.where, expr, len(result), finite_points(result)))
+    return outcomes
+
+
+def check_dashboards(
+    client: httpx.Client,
+    dashboards: Mapping[str, Mapping[str, Any]],
+    start: float,
+    end: float,
+    scrape_interval: float,
+) -> list[QueryOutcome]:
+    """Every query of every dashboard over one time range."""
+    outcomes: list[QueryOutcome] = []
+    for name, dashboard in dashboards.items():
+        context = fetch_context(client, dashboard, start, end, scrape_interval)
+        outcomes += check_dashboard(client, name, dashboard, context)
+    return outcomes
+
+
+def render_outcomes(outcomes: Sequence[QueryOutcome]) -> str:
+    """One line per query (status, series, points, where) and a summary line."""
+    lines = []
+    for o in outcomes:
+        status = "ok" if o.ok else ("ERROR" if o.error else "EMPTY")
+        detail = f": {o.error}" if o.error else ""
+        lines.append(f"{status:5} {o.series:4} series {o.points:6} points  {o.dashboard} "
+                     f"{o.where}{detail}")  # fmt: skip
+    bad = sum(1 for o in outcomes if not o.ok)
+    lines.append(f"{len(outcomes) - bad} of {len(outcomes)} queries returned data; {bad} did not")
+    return "\n".join(lines)
