@@ -4,7 +4,9 @@ Grafana is not needed: the template variables are filled from `label_values` ove
 range (all values selected, as the dashboards default to *All*), `$__interval`,
 `$__rate_interval` and `$__range` from the range and the scrape interval, and each panel target
 and annotation runs as a range query. A query passes when Prometheus accepts it and it returns at
-least one finite point. `redline dashboards check` and the tests use this.
+least one finite point; an annotation query (alerts firing, playbook runs) passes when
+Prometheus accepts it, since a range without events is an answer. `redline dashboards check`
+and the tests use this.
 """
 
 from __future__ import annotations
@@ -45,11 +47,27 @@ class QueryOutcome:
     series: int = 0
     points: int = 0
     error: str | None = None
+    annotation: bool = False
+
+    @property
+    def has_data(self) -> bool:
+        """Accepted by Prometheus and at least one finite point."""
+        return self.error is None and self.points > 0
 
     @property
     def ok(self) -> bool:
-        """Accepted by Prometheus and at least one finite point."""
-        return self.error is None and self.points > 0
+        """Panel queries need data; an annotation query only needs to be accepted (no events
+        in the range is an answer)."""
+        return self.has_data or (self.annotation and self.error is None)
+
+    @property
+    def status(self) -> str:
+        """ok, none (an annotation without events), EMPTY or ERROR."""
+        if self.error is not None:
+            return "ERROR"
+        if self.points:
+            return "ok"
+        return "none" if self.annotation else "EMPTY"
 
 
 def load_dashboards(directory: Path) -> dict[str, dict[str, Any]]:
@@ -139,17 +157,18 @@ def check_dashboard(
     """Run every panel target and annotation query of a dashboard."""
     outcomes = []
     for query in panel_queries(dashboard):
+        where, kind = query.where, query.annotation
         try:
             expr = substitute(query.expr, context)
-        except VariableError as exc:
-            outcomes.append(QueryOutcome(name, query.where, query.expr, error=str(exc)))
-            continue
-        try:
             result = fetch_query_range(client, expr, context)
-        except QueryError as exc:
-            outcomes.append(QueryOutcome(name, query.where, expr, error=str(exc)))
+        except VariableError as exc:
+            outcomes.append(QueryOutcome(name, where, query.expr, error=str(exc), annotation=kind))
             continue
-        outcomes.append(QueryOutcome(name, query.where, expr, len(result), finite_points(result)))
+        except QueryError as exc:
+            outcomes.append(QueryOutcome(name, where, expr, error=str(exc), annotation=kind))
+            continue
+        points = finite_points(result)
+        outcomes.append(QueryOutcome(name, where, expr, len(result), points, annotation=kind))
     return outcomes
 
 
@@ -172,10 +191,14 @@ def render_outcomes(outcomes: Sequence[QueryOutcome]) -> str:
     """One line per query (status, series, points, where) and a summary line."""
     lines = []
     for o in outcomes:
-        status = "ok" if o.ok else ("ERROR" if o.error else "EMPTY")
         detail = f": {o.error}" if o.error else ""
-        lines.append(f"{status:5} {o.series:4} series {o.points:6} points  {o.dashboard} "
+        lines.append(f"{o.status:5} {o.series:4} series {o.points:6} points  {o.dashboard} "
                      f"{o.where}{detail}")  # fmt: skip
-    bad = sum(1 for o in outcomes if not o.ok)
-    lines.append(f"{len(outcomes) - bad} of {len(outcomes)} queries returned data; {bad} did not")
-    return "\n".join(lines)
+    data = sum(1 for o in outcomes if o.has_data)
+    quiet = sum(1 for o in outcomes if o.ok and not o.has_data)
+    bad = len(outcomes) - data - quiet
+    summary = (
+        f"{data} of {len(outcomes)} queries returned data, "
+        f"{quiet} annotation(s) found no events, {bad} failed"
+    )
+    return "\n".join([*lines, summary])

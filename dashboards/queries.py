@@ -25,6 +25,8 @@ class PanelQuery:
     where: str  # e.g. "panel 3 'Reroute share' target A" or "annotation 'Remediation runs'"
     expr: str
     instant: bool = False
+    annotation: bool = False
+    """An annotation query returns events (alerts firing, runs): none in a range is normal."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,9 @@ def panel_queries(dashboard: Mapping[str, Any]) -> Iterator[PanelQuery]:
             )
     for annotation in dashboard.get("annotations", {}).get("list", []):
         if "expr" in annotation:
-            yield PanelQuery(f"annotation {annotation['name']!r}", annotation["expr"])
+            yield PanelQuery(
+                f"annotation {annotation['name']!r}", annotation["expr"], annotation=True
+            )
 
 
 def _panels(panels: Sequence[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:

@@ -39,12 +39,13 @@ def _latency(spec: Spec) -> Section:
     quantile = f"P{number(red.quantile * 100)}"
     reroute = " incl. reroute" if red.includes_reroute else ""
     p99 = Query(f"max by (region) ({p99_record(spec)}{{{region_matcher()}}})", "{{region}}")
-    total = f"sum by (region) (rate({spec.sources.requests_total}{{{region_matcher()}}}"
-    share = Query(
-        f'sum by (region) (rate({spec.sources.requests_total}{{{region_matcher()},rerouted="true"}}'
-        f"[$__rate_interval]))\n/\n{total}[$__rate_interval]))",
-        "{{region}}",
-    )
+    requests = spec.sources.requests_total
+    total = f"sum by (region) (rate({requests}{{{region_matcher()}}}[$__rate_interval]))"
+    matcher = f'{region_matcher()},rerouted="true"'
+    rerouted = f"sum by (region) (rate({requests}{{{matcher}}}[$__rate_interval]))"
+    # Until a request of a region has been rerouted it has no rerouted series: show 0, not
+    # "No data" (the `or` keeps the regions that have one).
+    share = Query(f"(\n{rerouted}\nor\n{total} * 0\n)\n/\n{total}", "{{region}}")
     probes = Query(
         f"min by (region, probe) (llm_probe_success{{{region_matcher()}}})", "{{region}} {{probe}}"
     )

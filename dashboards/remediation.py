@@ -50,7 +50,10 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
         f"max by (playbook, outcome) (increase({runs}[$__rate_interval]))",
         "{{playbook}}: {{outcome}}",
     )
-    failed = Query(f'sum(max by (playbook) (increase({runs}{{outcome="failed"}}[$__range])))', "")
+    # No failed run has no series: the stat reads 0, not "No data".
+    failed = Query(
+        f'sum(max by (playbook) (increase({runs}{{outcome="failed"}}[$__range]))) or vector(0)', ""
+    )
     durations = tuple(
         Query(
             f"histogram_quantile({q}, max by (le, playbook) (rate({duration}[$__range])))",

@@ -36,6 +36,9 @@ the dashboards layer sits below `redline.platform.spot`, so they are listed, not
 NODE_STATE_COLORS = ("green", "orange", "red", "blue")
 PENDING = two_state_mapping(("handled", "green"), ("pending", "red"))
 
+ZERO = 'or label_replace(vector(0), "reason", "none", "", "")'
+"""Fallback of the wasted-token queries: one series `reason="none"` at 0."""
+
 
 def _state_mapping() -> tuple[dict[str, Any], ...]:
     options = {
@@ -99,6 +102,8 @@ def _triage(spec: Spec) -> Section:
     book = alert_runbook(spec, "SpotPreemptionNotice")
     interrupted = "llm_spot_interrupted_requests_total"
     wasted = "llm_spot_wasted_decode_tokens_total"
+    # A gateway that never wasted a token has no series (the counter is labelled by reason, and
+    # reasons appear when they happen): the target is 0, so show 0 rather than "No data".
     return Section(
         "In-flight triage",
         (
@@ -133,7 +138,7 @@ def _triage(spec: Spec) -> Section:
             PanelDef(
                 "stat",
                 "Wasted decode tokens",
-                (Query(f"sum by (reason) (increase({wasted}[$__range]))", "{{reason}}"),),
+                (Query(f"sum by (reason) (increase({wasted}[$__range]))\n{ZERO}", "{{reason}}"),),
                 book,
                 "short",
                 stat_text="value_and_name",
@@ -141,7 +146,12 @@ def _triage(spec: Spec) -> Section:
             PanelDef(
                 "timeseries",
                 "Wasted decode tokens by reason",
-                (Query(f"sum by (reason) (increase({wasted}[$__rate_interval]))", "{{reason}}"),),
+                (
+                    Query(
+                        f"sum by (reason) (increase({wasted}[$__rate_interval]))\n{ZERO}",
+                        "{{reason}}",
+                    ),
+                ),
                 book,
                 "short",
                 bars=True,
