@@ -45,7 +45,6 @@ from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
 from redline.platform.deltalog import DeltaLogError
 from redline.platform.snapshots import SnapshotRegistry
-from redline.platform.vectorindex import IndexConfig, TargetSpec
 from redline.settings import SettingsError, read_secret
 from redline.slo.spec import Spec
 
@@ -251,24 +250,7 @@ def _index_probes(settings: ExporterSettings) -> list[Probe]:
         section.milvus_token_file, section.milvus_token, "index_staleness.milvus_token_file"
     )
     secret = token.get_secret_value() if token is not None else ""
-    config = IndexConfig(
-        collection=section.collection,
-        dim=section.dim,
-        primary=TargetSpec(
-            section.primary_uri,
-            section.primary_collection or section.collection,
-            section.primary_name,
-            secret,
-        ),
-        replica=TargetSpec(
-            section.replica_uri,
-            section.replica_collection or section.collection,
-            section.replica_name,
-            secret,
-        ),
-        region=section.region,
-        metric_type=section.metric_type,
-    )
+    config = section.index_config(section.collection, section.dim, secret, section.region)
     return [
         IndexStalenessProbe(
             config,

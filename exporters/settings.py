@@ -25,6 +25,7 @@ from pydantic_settings import SettingsConfigDict
 from redline.exporters.keepalive import KeepaliveSettings
 from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
 from redline.exporters.session_rpo import SessionRpoSettings
+from redline.platform.vectorindex import IndexTargetsFields
 from redline.settings import ServiceSettings, SettingsError, load_settings_file
 
 DEFAULT_PORT = 9109
@@ -47,7 +48,7 @@ class ModelsSection(ProbeSection):
     max_versions: int = Field(10, ge=1, description="Verified versions with baselines per model.")
 
 
-class IndexStalenessSection(ProbeSection):
+class IndexStalenessSection(IndexTargetsFields, ProbeSection):
     """Canary staleness and delta-log backlog of one replicated vector collection."""
 
     interval_seconds: PositiveFloat = Field(5.0, description="Seconds between two runs.")
@@ -55,13 +56,6 @@ class IndexStalenessSection(ProbeSection):
     collection: str = Field("documents", description="Logical collection (names the delta log).")
     dim: PositiveInt = Field(384, description="Vector dimension.")
     region: str = Field("primary", description="Region the canary is written as.")
-    primary_uri: str = Field("http://127.0.0.1:19530", description="Milvus URI of the primary.")
-    primary_collection: str | None = Field(None, description="Primary collection (= collection).")
-    primary_name: str = Field("primary", description="Name of the primary (keys, labels).")
-    replica_uri: str = Field("http://127.0.0.1:19531", description="Milvus URI of the replica.")
-    replica_collection: str | None = Field(None, description="Replica collection (= collection).")
-    replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
-    metric_type: str = Field("COSINE", description="Metric type of the collections.")
     milvus_token: SecretStr | None = Field(None, description="Milvus token (from env only).")
     milvus_token_file: Path | None = Field(None, description="File holding the Milvus token.")
     timeout_seconds: PositiveFloat = Field(2.0, description="Timeout of Redis and Milvus calls.")

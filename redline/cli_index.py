@@ -28,10 +28,10 @@ from rich.console import Console
 from redline.platform.deltalog import DeltaLog, DeltaLogError
 from redline.platform.vectorindex import (
     IndexConfig,
+    IndexTargetsFields,
     IndexWriter,
     MilvusTarget,
     Replicator,
-    TargetSpec,
     VectorIndexError,
     freeze_writes,
     replay_delta_log,
@@ -51,43 +51,21 @@ index_app = typer.Typer(
 )
 
 
-class IndexSettings(ServiceSettings):
+class IndexSettings(IndexTargetsFields, ServiceSettings):
     """Settings of the index commands (flags > `REDLINE_*` env > `--config` file > defaults)."""
 
     collection: str = Field("documents", description="Logical collection (names the delta log).")
     dim: PositiveInt = Field(384, description="Vector dimension.")
     region: str = Field("primary", description="Region this process writes as.")
-    primary_uri: str = Field("http://127.0.0.1:19530", description="Milvus URI of the primary.")
-    primary_collection: str | None = Field(None, description="Primary collection (= collection).")
-    primary_name: str = Field("primary", description="Name of the primary (keys, labels).")
-    replica_uri: str = Field("http://127.0.0.1:19531", description="Milvus URI of the replica.")
-    replica_collection: str | None = Field(None, description="Replica collection (= collection).")
-    replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
     milvus_token: SecretStr | None = Field(None, description="Milvus token (env or token file).")
     milvus_timeout_seconds: PositiveFloat = Field(10.0, description="Timeout of Milvus calls.")
     batch_size: PositiveInt = Field(500, description="Delta-log entries applied per batch.")
     poll_interval_seconds: PositiveFloat = Field(0.1, description="Replicator idle poll interval.")
     lease_ttl_seconds: PositiveFloat = Field(15.0, description="Lease of an applier on a target.")
 
-    def index_config(self, token: str = "") -> IndexConfig:
+    def collection_config(self, token: str = "") -> IndexConfig:
         """The IndexConfig these settings describe."""
-        return IndexConfig(
-            collection=self.collection,
-            dim=self.dim,
-            primary=TargetSpec(
-                self.primary_uri,
-                self.primary_collection or self.collection,
-                self.primary_name,
-                token,
-            ),
-            replica=TargetSpec(
-                self.replica_uri,
-                self.replica_collection or self.collection,
-                self.replica_name,
-                token,
-            ),
-            region=self.region,
-        )
+        return self.index_config(self.collection, self.dim, token, self.region)
 
 
 @dataclass
@@ -150,7 +128,7 @@ def _open(
     try:
         settings = load_settings(IndexSettings, config, **overrides)
         token = read_secret(token_file, settings.milvus_token, "milvus token")
-        index = settings.index_config(token.get_secret_value() if token else "")
+        index = settings.collection_config(token.get_secret_value() if token else "")
     except (SettingsError, DeltaLogError) as exc:
         _fail(str(exc), 2)
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import redis
+from pydantic import BaseModel, Field
 from pymilvus import DataType, MilvusClient, MilvusException
 
 from redline.platform.deltalog import (
@@ -105,6 +106,42 @@ class IndexConfig:
             self.replica.collection,
         ):
             raise DeltaLogError("primary and replica are the same collection on the same Milvus")
+
+
+class IndexTargetsFields(BaseModel):
+    """The settings fields naming an index's two copies, shared by every settings class that
+    points at one (the exporter's staleness probe, `redline index`, the index playbooks)."""
+
+    primary_uri: str = Field("http://127.0.0.1:19530", description="Milvus URI of the primary.")
+    primary_collection: str | None = Field(None, description="Primary collection (= collection).")
+    primary_name: str = Field("primary", description="Name of the primary (keys, labels).")
+    replica_uri: str = Field("http://127.0.0.1:19531", description="Milvus URI of the replica.")
+    replica_collection: str | None = Field(None, description="Replica collection (= collection).")
+    replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
+    metric_type: str = Field("COSINE", description="Metric type of the vector index.")
+
+    def index_config(
+        self, collection: str, dim: int, token: str = "", region: str = "primary"
+    ) -> IndexConfig:
+        """The IndexConfig of logical collection `collection`; DeltaLogError when invalid."""
+        return IndexConfig(
+            collection=collection,
+            dim=dim,
+            primary=TargetSpec(
+                self.primary_uri,
+                self.primary_collection or collection,
+                self.primary_name,
+                token,
+            ),
+            replica=TargetSpec(
+                self.replica_uri,
+                self.replica_collection or collection,
+                self.replica_name,
+                token,
+            ),
+            region=region,
+            metric_type=self.metric_type,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,6 @@ from redline.platform.vectorindex import (
     IndexSchemaError,
     LeaseBusyError,
     MilvusTarget,
-    TargetSpec,
     freeze_writes,
     replay_delta_log,
     unfreeze_writes,
@@ -89,17 +88,7 @@ def build_index_config(name: str, settings: VectorIndexSettings, token: str = ""
             f"(configured: {known})"
         )
     try:
-        return IndexConfig(
-            collection=name,
-            dim=section.dim,
-            primary=TargetSpec(
-                section.primary_uri, section.primary_collection or name, section.primary_name, token
-            ),
-            replica=TargetSpec(
-                section.replica_uri, section.replica_collection or name, section.replica_name, token
-            ),
-            metric_type=section.metric_type,
-        )
+        return section.index_config(name, section.dim, token)
     except DeltaLogError as exc:
         raise PlaybookError(f"vector_index.collections.{name}: {exc}") from None
 
