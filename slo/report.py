@@ -135,7 +135,7 @@ class LiveSignals:
     probes: Mapping[str, frozenset[str]] = field(default_factory=dict)  # probe -> regions
     probes_failing_at_end: frozenset[str] = frozenset()  # "region/probe"
     golden_evaluations: float | None = None  # golden-set evaluations in the period
-    spot_aborted_max: float | None = None  # worst share of in-flight requests aborted
+    spot_unrecoverable: float | None = None  # requests a spot drain failed for good
 
 
 @dataclass(frozen=True)
@@ -1063,16 +1063,18 @@ def build_maturity(
         else (f"not measured: {', '.join(unmeasured)}" if unmeasured else "every red line held")
     )
     checks.append(_check(4, "red_lines", "every red line held", red_status, red_evidence))
-    spot = live.spot_aborted_max
+    # An aborted stream that resumed elsewhere is recoverable; only a request the client could
+    # not complete (`recoverable="false"`) breaks the promise.
+    spot = live.spot_unrecoverable
     checks.append(
         _check(
             4,
             "spot_drain",
             "spot preemptions drained with no unrecoverable client error",
-            "no_data" if spot is None else ("met" if spot == 0 else "not_met"),
-            "llm_spot_inflight_aborted_ratio absent"
+            "no_data" if spot is None else ("met" if round(spot) == 0 else "not_met"),
+            "llm_spot_interrupted_requests_total absent"
             if spot is None
-            else f"worst aborted share {spot:.4g}",
+            else f"{spot:.0f} unrecoverable interruption(s)",
         )
     )
     holds = {lvl: all(c.status == "met" for c in checks if c.level == lvl) for lvl in range(1, 5)}

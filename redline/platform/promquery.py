@@ -396,14 +396,18 @@ def remediation_query(period: int) -> str:
 
 
 def live_query(period: int) -> str:
-    """Probe coverage, probes' last state, golden-set evaluations and spot aborts (instant)."""
+    """Probe coverage, probes' last state, golden-set evaluations, unrecoverable spot
+    interruptions (instant)."""
     w = _dur(period)
     return "\nor ".join(
         [
             _stat(f"count by (region, probe) (count_over_time(llm_probe_success[{w}]))", "seen"),
             _stat("min by (region, probe) (last_over_time(llm_probe_success[1h]))", "last"),
             _stat(f"sum(increase(llm_eval_requests_total[{w}]))", "evals"),
-            _stat(f"max(max_over_time(llm_spot_inflight_aborted_ratio[{w}]))", "spot"),
+            _stat(
+                f'sum(increase(llm_spot_interrupted_requests_total{{recoverable="false"}}[{w}]))',
+                "spot",
+            ),
         ]
     )
 
@@ -564,7 +568,7 @@ def fetch_live(client: PromClient, window: Window) -> LiveSignals:
         probes={k: frozenset(v) for k, v in probes.items()},
         probes_failing_at_end=frozenset(failing),
         golden_evaluations=evals,
-        spot_aborted_max=spot,
+        spot_unrecoverable=spot,
     )
 
 

@@ -196,7 +196,10 @@ def build_sample(
         {"model": "chat", "model_version": "v7"},
         np.cumsum(np.full(count, 10)),
     )
-    sample.add("llm_spot_inflight_aborted_ratio", {}, np.zeros(count))
+    # Drains happened (recoverable interruptions, resumed elsewhere) and none failed a client.
+    interrupted = np.cumsum(rng.poisson(0.01, count).astype(float))
+    sample.add("llm_spot_interrupted_requests_total", {"recoverable": "true"}, interrupted)
+    sample.add("llm_spot_interrupted_requests_total", {"recoverable": "false"}, np.zeros(count))
 
     sample.runs = [
         RemediationRun("reroute", "succeeded", LATENCY[0] + 3 * MINUTE, 12.0),

@@ -20,10 +20,12 @@ from redline.slo.maths import (
 )
 from redline.slo.report import (
     AlertSamples,
+    LiveSignals,
     ReportError,
     SloSeries,
     Window,
     build_incidents,
+    build_maturity,
     build_slo_report,
 )
 
@@ -109,3 +111,17 @@ def test_cron_uses_crontab_weekdays_and_seconds() -> None:
     for bad in ("* * *", "61 * * * *", "0 6 * * 9"):
         with pytest.raises(ScheduleError):
             parse_cron(bad)
+
+
+@pytest.mark.parametrize(
+    ("unrecoverable", "status"), [(None, "no_data"), (0.0, "met"), (0.4, "met"), (2.0, "not_met")]
+)
+def test_spot_drain_check_counts_only_unrecoverable_interruptions(
+    unrecoverable: float | None, status: str
+) -> None:
+    """Aborted streams that resumed elsewhere are recoverable; only a request the client could
+    not complete fails the check (increase() extrapolates, so 0.4 is still none)."""
+    live = LiveSignals(spot_unrecoverable=unrecoverable)
+    maturity = build_maturity(load_spec().spec, [], [], None, live)
+    (check,) = [c for c in maturity.checks if c.id == "spot_drain"]
+    assert check.status == status
