@@ -28,6 +28,10 @@ from redline.slo.spec import Spec
 
 SLUG = "remediation"
 FROZEN = two_state_mapping(("writable", "green"), ("frozen", "orange"))
+INTACT = two_state_mapping(("BROKEN", "red"), ("intact", "green"))
+VERIFY_STALE_SECONDS = 600.0
+"""Ten of the receiver's default verification intervals (`audit_verify_interval_seconds`, a
+receiver setting, not the spec's): older than that, nobody is checking the trail."""
 
 
 def build_remediation_definition(spec: Spec) -> DashboardDef:
@@ -66,6 +70,9 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
         "P99 {{playbook}}",
     )
     frozen = Query("max by (collection) (vectordb_write_frozen)", "{{collection}}")
+    chain = Query("min by (copy) (redline_audit_chain_intact)", "{{copy}}")
+    records = Query("max by (copy) (redline_audit_records)", "{{copy}}")
+    verified = Query("time() - max(redline_audit_verified_timestamp_seconds)", "age")
     firing = Query(
         'count by (alertname, playbook) (ALERTS{alertstate="firing",playbook!=""})',
         "{{alertname}} → {{playbook}}",
@@ -146,13 +153,40 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
                 ),  # fmt: skip
             ),
         ),
+        Section(
+            "Audit trail",
+            (
+                PanelDef(
+                    "stat",
+                    "Audit chain (hashes, order, head)",
+                    (chain,),
+                    book,
+                    mappings=INTACT,
+                    stat_text="value_and_name",
+                    width=8,
+                ),  # fmt: skip
+                PanelDef(
+                    "timeseries", "Audit records", (records,), book, "short", width=8
+                ),  # fmt: skip
+                PanelDef(
+                    "stat",
+                    "Audit chain last verified",
+                    (verified,),
+                    book,
+                    "s",
+                    bad_above(VERIFY_STALE_SECONDS),
+                    width=8,
+                ),  # fmt: skip
+            ),
+        ),
     )
     return DashboardDef(
         slug=SLUG,
         title="Remediation",
         description=(
             "What the remediation receiver did: alerts received from Alertmanager, duplicates "
-            "absorbed (HA peers, retries), playbook runs by outcome and duration, write freezes."
+            "absorbed (HA peers, retries), playbook runs by outcome and duration, write freezes, "
+            "and whether the hash-chained audit trail still verifies."
         ),
         sections=sections,
         annotations=alert_and_remediation_annotations(

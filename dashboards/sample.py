@@ -404,6 +404,13 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
                 count("redline_remediation_runs", {"playbook": playbook, "outcome": outcome},
                       now, finished)  # fmt: skip
             hist.observe(now, float(len(done)), done[0][3] if done else 1.0)
+        # The audit trail, verified every minute: three records per delivered incident change.
+        audited = 3.0 * sum(1 for e in run_events if e[0] - e[3] <= now)
+        verified_at = now - now % 60
+        for copy in ("redis", "file"):
+            gauge("redline_audit_chain_intact", {"copy": copy}, now, 1.0)
+            gauge("redline_audit_records", {"copy": copy}, now, audited)
+        gauge("redline_audit_verified_timestamp_seconds", {}, now, verified_at)
         for probe in PROBES:
             gauge("redline_probe_success", {"probe": probe}, now, 1.0)
             gauge("redline_probe_last_success_timestamp_seconds", {"probe": probe}, now, now)

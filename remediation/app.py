@@ -11,8 +11,10 @@ Redis is unreachable so Alertmanager retries. The token never reaches a log.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +31,13 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 from redline.remediation.audit import AsyncAuditLog, AuditEntry, AuditError
 from redline.remediation.jobs import AsyncJobStore, IngestOutcome, Job, JobStatus
-from redline.remediation.metrics import WebhookCounters, build_families, render_metrics
+from redline.remediation.metrics import (
+    AuditStatus,
+    WebhookCounters,
+    build_audit_families,
+    build_families,
+    render_metrics,
+)
 from redline.remediation.models import WebhookPayload
 from redline.remediation.settings import RemediationSettings
 
@@ -85,6 +93,8 @@ class ReceiverState:
         self._client: aredis.Redis | None = None
         self._store: AsyncJobStore | None = None
         self._audit: AsyncAuditLog | None = None
+        self.audit_status: AuditStatus | None = None
+        self._verifying = asyncio.Lock()
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -123,6 +133,28 @@ class ReceiverState:
         if self._audit is None:
             raise RuntimeError("the receiver app is not running (lifespan not started)")
         return self._audit
+
+    async def audit_status_now(self) -> AuditStatus | None:
+        """The audit trail's verification, redone when older than the configured interval.
+
+        Verifying rereads every record, so it runs at most once per interval whatever the
+        scrape rate; while Redis is down the last result stays (its timestamp ages)."""
+        interval = self.settings.audit_verify_interval_seconds
+        async with self._verifying:
+            last = self.audit_status
+            if last is not None and time.time() - last.verified_at < interval:
+                return last
+            try:
+                chain, mirror = await self.audit.verify()
+            except (redis.RedisError, AuditError) as exc:
+                log.warning("audit trail not verified: %s", exc)
+                return last
+            copies = {"redis": chain} | ({"file": mirror} if mirror is not None else {})
+            for copy, result in copies.items():
+                if not result.ok:
+                    log.error("audit trail %s: %s", copy, result.render(copy))
+            self.audit_status = AuditStatus(time.time(), copies)
+            return self.audit_status
 
     def check_token(self, credentials: HTTPAuthorizationCredentials | None) -> None:
         """401 unless the request carries the bearer token (constant-time compare)."""
@@ -375,13 +407,14 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
         responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
     )
     async def metrics() -> Response:
-        """Webhook counters of this process and run metrics of all workers."""
+        """Webhook counters of this process, run metrics of all workers, audit chain state."""
         alerts, duplicates = state.counters.snapshot()
         try:
             runs: dict[str, str] | None = await state.store.run_metrics()
         except redis.RedisError:
             runs = None  # scrape still works; run metrics are absent until Redis is back
-        body = render_metrics(build_families(alerts, duplicates, runs))
+        audit = build_audit_families(await state.audit_status_now())
+        body = render_metrics([*build_families(alerts, duplicates, runs), *audit])
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     return router

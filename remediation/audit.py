@@ -224,6 +224,36 @@ def compare_mirrors(primary: VerifyResult, mirror: VerifyResult, what: str) -> V
     return primary
 
 
+def mirror_prefix_of(
+    lines: Sequence[str], chain: VerifyResult, mirror: VerifyResult, what: str
+) -> VerifyResult:
+    """Both intact and the mirror a prefix of the chain: it may lag Redis by the records being
+    appended right now (they reach the file just after Redis), but never differ."""
+    if not (chain.ok and mirror.ok):
+        return mirror if chain.ok else chain
+    if mirror.count > chain.count or (
+        mirror.count and json.loads(lines[mirror.count - 1])["hash"] != mirror.last_hash
+    ):
+        return VerifyResult(
+            False,
+            mirror.count,
+            min(chain.count, mirror.count),
+            f"{what} holds {mirror.count} records that are not the first of Redis' "
+            f"{chain.count}: the copies diverge",
+            mirror.last_hash,
+        )
+    return mirror
+
+
+def verify_file(path: Path) -> VerifyResult:
+    """Verify a JSONL mirror; one not written yet is an empty chain."""
+    try:
+        lines = read_file_records(path)
+    except FileNotFoundError:
+        lines = []
+    return verify_records(lines)
+
+
 def read_file_records(path: Path) -> list[str]:
     """The lines of a JSONL audit file (empty lines skipped)."""
     with path.open("r", encoding="utf-8") as handle:
@@ -413,6 +443,21 @@ class AsyncAuditLog:
                     for _, waiting in batch:
                         waiting.set_result(None)
         await future
+
+    async def verify(self) -> tuple[VerifyResult, VerifyResult | None]:
+        """Verify the Redis chain against its head, and the JSONL mirror (None without one)
+        as a prefix of it; the hashing runs in a thread, off the event loop."""
+        # One transaction: a record appended between two reads would look like a broken head.
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.lrange(self.keys.records, 0, -1)
+            pipe.get(self.keys.head)
+            lines, raw_head = await pipe.execute()
+        head = Head.parse(raw_head) if raw_head else None
+        chain = verify_against_head(await asyncio.to_thread(verify_records, lines), head)
+        if self.file is None:
+            return chain, None
+        mirror = await asyncio.to_thread(verify_file, self.file)
+        return chain, mirror_prefix_of(lines, chain, mirror, str(self.file))
 
     async def _commit(self, entries: list[AuditEntry]) -> None:
         for _ in range(1000):

@@ -14,10 +14,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from redline.remediation.audit import VerifyResult
 from redline.remediation.jobs import DURATION_BUCKETS
 
 
@@ -93,6 +99,37 @@ def build_families(
             series.append((bound, float(cumulative)))
         duration_family.add_metric([playbook], series, sums.get(playbook, 0.0))
     return [*families, runs_family, duration_family]
+
+
+@dataclass(frozen=True)
+class AuditStatus:
+    """The last verification of the audit trail: each copy's result and when it ran."""
+
+    verified_at: float
+    copies: Mapping[str, VerifyResult]  # "redis", and "file" with a JSONL mirror
+
+
+def build_audit_families(status: AuditStatus | None) -> list[Metric]:
+    """Chain state per copy (1 intact, 0 broken), records per copy, time of the verification."""
+    if status is None:
+        return []  # never verified (Redis down since start): absent, not "intact"
+    intact = GaugeMetricFamily(
+        "redline_audit_chain_intact",
+        "1 when the copy of the audit trail verifies (hashes, order, head), 0 when it does not.",
+        labels=["copy"],
+    )
+    records = GaugeMetricFamily(
+        "redline_audit_records", "Records in the copy of the audit trail.", labels=["copy"]
+    )
+    for copy, result in sorted(status.copies.items()):
+        intact.add_metric([copy], 1.0 if result.ok else 0.0)
+        records.add_metric([copy], float(result.count))
+    verified = GaugeMetricFamily(
+        "redline_audit_verified_timestamp_seconds",
+        "When the audit trail was last verified (Unix time).",
+        value=status.verified_at,
+    )
+    return [intact, records, verified]
 
 
 class _Snapshot(Collector):

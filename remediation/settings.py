@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
+from redline.platform.vectorindex import IndexTargetsFields
 from redline.settings import ServiceSettings, SettingsError, read_secret
 
 DEFAULT_PORT = 9095
@@ -96,17 +97,13 @@ class RollbackSettings(_Section):
         return None if value is None else _check_url(value, "hook_url")
 
 
-class IndexCollectionSettings(_Section):
+class IndexCollectionSettings(IndexTargetsFields, _Section):
     """One logical collection: its dimension and where its primary and replica live."""
 
     dim: int = Field(gt=0, description="Vector dimension.")
+    # A playbook must never act on an index by default: both copies are named explicitly.
     primary_uri: str = Field(description="Milvus URI of the primary.")
-    primary_collection: str | None = Field(None, description="Primary collection (= name).")
-    primary_name: str = Field("primary", description="Name of the primary (keys, labels).")
     replica_uri: str = Field(description="Milvus URI of the replica.")
-    replica_collection: str | None = Field(None, description="Replica collection (= name).")
-    replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
-    metric_type: str = Field("COSINE", description="Metric of the vector index.")
 
 
 class VectorIndexSettings(_Section):
@@ -175,6 +172,11 @@ class RemediationSettings(ServiceSettings):
         default_factory=dict, description="Per-playbook options, keyed by playbook name."
     )
     audit_file: Path | None = Field(None, description="JSONL mirror of the audit trail.")
+    audit_verify_interval_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="How often `/metrics` re-verifies the whole audit chain (and the mirror).",
+    )
     retention_seconds: int = Field(
         30 * 86400, ge=60, description="How long jobs and idempotency keys are kept."
     )

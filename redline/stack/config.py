@@ -558,6 +558,7 @@ def build_remediation_settings(
         "token_file": str(layout.token_file),
         "workers": workers,
         "audit_file": str(layout.audit_file),
+        "audit_verify_interval_seconds": 10.0,
         "lock_ttl_seconds": 30.0,
         "claim_idle_seconds": 30.0,
         "max_attempts": 3,

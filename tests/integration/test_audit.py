@@ -9,9 +9,12 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
+import httpx
 import pytest
 import redis
 import redis.asyncio as aredis
@@ -235,3 +238,52 @@ def test_verify_records_reports_non_records() -> None:
     assert (bad.ok, bad.index) == (False, 0) and "not valid JSON" in bad.reason
     other = verify_records(['{"a": 1}'])
     assert (other.ok, other.index) == (False, 0) and "not an audit record" in other.reason
+
+
+def _audit_metrics(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    values = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("redline_audit"):
+            for sample in family.samples:
+                copy = sample.labels.get("copy")
+                values[f"{sample.name}{'/' + copy if copy else ''}"] = sample.value
+    return values
+
+
+def test_metrics_show_the_chain_state_of_both_copies_and_catch_tampering(
+    redis_url: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    """The receiver's /metrics re-verifies the trail at most once per interval: intact after
+    real deliveries, BROKEN on the copy whose record was edited, and again on the mirror when
+    a record is removed from the file."""
+    file = tmp_path / "audit.jsonl"
+    settings = make_settings(redis_url, audit_file=file, audit_verify_interval_seconds=0.2)
+    with receiver(settings) as server:
+        post(server.url, payload(alert("0000000000000ab1"), alert("0000000000000ab2")))
+        time.sleep(0.3)
+        first = _audit_metrics(server.url)
+        assert first["redline_audit_chain_intact/redis"] == 1.0
+        assert first["redline_audit_chain_intact/file"] == 1.0
+        assert first["redline_audit_records/redis"] == first["redline_audit_records/file"] >= 2
+        assert abs(first["redline_audit_verified_timestamp_seconds"] - time.time()) < 5
+
+        cached = _audit_metrics(server.url)  # within the interval: the same verification
+        assert (
+            cached["redline_audit_verified_timestamp_seconds"]
+            == (first["redline_audit_verified_timestamp_seconds"])
+        )
+
+        record = json.loads(cast(str, client.lindex(KEYS.records, 0)))
+        record["data"] = {"edited": True}
+        client.lset(KEYS.records, 0, json.dumps(record))
+        time.sleep(0.3)
+        edited = _audit_metrics(server.url)
+        assert edited["redline_audit_chain_intact/redis"] == 0.0
+
+        lines = read_file_records(file)
+        _write(file, lines[1:])
+        time.sleep(0.3)
+        assert _audit_metrics(server.url)["redline_audit_chain_intact/file"] == 0.0
