@@ -38,6 +38,7 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
     """The remediation dashboard as data."""
     book = alert_runbook(spec, REMEDIATION_RUNBOOK)
     freeze_book = alert_runbook(spec, "RedLineIndexStaleness")
+    audit_book = alert_runbook(spec, "AuditChainBroken")
     alerts = "redline_webhook_alerts_total"
     runs = "redline_remediation_runs_total"
     duration = "redline_remediation_duration_seconds_bucket"
@@ -160,19 +161,19 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
                     "stat",
                     "Audit chain (hashes, order, head)",
                     (chain,),
-                    book,
+                    audit_book,
                     mappings=INTACT,
                     stat_text="value_and_name",
                     width=8,
                 ),  # fmt: skip
                 PanelDef(
-                    "timeseries", "Audit records", (records,), book, "short", width=8
+                    "timeseries", "Audit records", (records,), audit_book, "short", width=8
                 ),  # fmt: skip
                 PanelDef(
                     "stat",
                     "Audit chain last verified",
                     (verified,),
-                    book,
+                    audit_book,
                     "s",
                     bad_above(VERIFY_STALE_SECONDS),
                     width=8,

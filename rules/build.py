@@ -415,6 +415,19 @@ def build_guard_alerts(spec: Spec) -> RuleGroup:
             f"{number(timing.probe_stale_after_seconds)} s): the values it publishes are stale.",
         )
     )
+    # No playbook: a trail that no longer verifies is for people (the receiver records only).
+    rules.append(
+        _alert(
+            spec,
+            "AuditChainBroken",
+            "min by (copy) (redline_audit_chain_intact) == 0",
+            0,
+            "page",
+            "The remediation audit trail ({{ $labels.copy }}) no longer verifies",
+            "A record was edited, removed, inserted or reordered, or the copies diverge: "
+            "run `redline audit verify` to find the first bad record.",
+        )
+    )
     return RuleGroup("redline-guards", timing.evaluation_interval_seconds, tuple(rules))
 
 

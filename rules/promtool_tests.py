@@ -656,6 +656,15 @@ def build_guard_cases(spec: Spec, rules: _Rules) -> list[Case]:
                 )
             ],
         ),
+        Case(
+            "audit guard: a copy of the trail that no longer verifies pages, an intact one not",
+            {
+                _series("redline_audit_chain_intact", {"copy": "redis"}): constant(1, minutes),
+                _series("redline_audit_chain_intact", {"copy": "file"}): constant(0, minutes),
+            },
+            eval_at,
+            [("AuditChainBroken", [expected(rules.get("AuditChainBroken"), {"copy": "file"}, 0)])],
+        ),
     ]
 
 
