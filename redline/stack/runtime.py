@@ -689,10 +689,10 @@ def start_stack(
     """
     check_binaries()
     loaded, spec = _load(options.spec_path)
+    prometheus_regions = _prometheus_regions(spec, options.prometheus_regions)
     layout = StackLayout(options.run_dir.resolve())
     with run_dir_lock(layout):
         prepare_run_dir(layout, say)
-        prometheus_regions = _prometheus_regions(spec, options.prometheus_regions)
         parts = build_ported_parts(spec.regions, prometheus_regions)
         ports = choose_ports(parts, options.ports)
         endpoints = build_endpoints(ports, spec.regions, prometheus_regions=prometheus_regions)

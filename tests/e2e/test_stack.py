@@ -155,6 +155,9 @@ def test_bad_port_option_and_unknown_part_are_clear(tmp_path: Path) -> None:
     assert result.returncode == 2 and "expected PART=PORT" in result.stderr
     result = redline("up", "--run-dir", str(tmp_path / "y"), "--port", "grafana=3000")
     assert result.returncode == 1 and "unknown part(s) grafana" in result.stderr
+    result = redline("up", "--run-dir", str(tmp_path / "z"), "--regions", "3")
+    assert result.returncode == 1 and "--regions 3: the spec has 2 region(s)" in result.stderr
+    assert "allowed: 1 to 2" in result.stderr and not (tmp_path / "z").exists()
     assert not processes_mentioning(str(tmp_path))
 
 
