@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from redline.cli_common import RegionsOpt
 from redline.generate import RULES_DIR, build_outputs, diff_outputs, write_outputs
 from redline.lazycli import LazyGroup
 from redline.rules.alertmanager import used_playbooks
@@ -177,12 +178,7 @@ def demo(
     rate: Annotated[
         float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
     ] = 50.0,
-    regions: Annotated[
-        int | None,
-        typer.Option(
-            "--regions", min=1, help="One Prometheus per region plus a federating global one."
-        ),
-    ] = None,
+    regions: RegionsOpt = None,
 ) -> None:
     """Generate and check everything, start the local stack, run every drill, print timings.
 

@@ -24,6 +24,16 @@ PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on."
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", help="Settings YAML (flags and REDLINE_* env win).")
 ]
+RegionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--regions",
+        min=1,
+        help="Run a Prometheus for each of the spec's first N regions (external_labels "
+        "region) and a global one that federates them and evaluates the rules.",
+    ),
+]
+"""`redline up` and `redline demo`: one Prometheus per region instead of one."""
 
 
 def fail(message: str) -> typer.Exit:

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from redline.cli_common import RegionsOpt
 from redline.settings import SettingsError, load_settings
 from redline.stack.config import ADAPTER_VERSIONS
 from redline.stack.drills import DRILL_ORDER, DrillError, DrillResult, resolve_names, run_drills
@@ -60,15 +61,6 @@ RunDirOpt = Annotated[
 ]
 SpecOpt = Annotated[
     Path | None, typer.Option("--spec", help="Spec YAML file; the embedded default when omitted.")
-]
-RegionsOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--regions",
-        min=1,
-        help="Run a Prometheus for each of the spec's first N regions (external_labels "
-        "region) and a global one that federates them and evaluates the rules.",
-    ),
 ]
 
 

@@ -209,6 +209,12 @@ def verify_against_head(result: VerifyResult, head: Head | None) -> VerifyResult
     return result
 
 
+def verify_chain(lines: Sequence[str], raw_head: str | None) -> VerifyResult:
+    """The stored chain (its records and head, read together) verified end to end."""
+    head = Head.parse(raw_head) if raw_head else None
+    return verify_against_head(verify_records(lines), head)
+
+
 def compare_mirrors(primary: VerifyResult, mirror: VerifyResult, what: str) -> VerifyResult:
     """Both copies intact: require the mirror to hold the same chain (same length and head)."""
     if not (primary.ok and mirror.ok):
@@ -403,8 +409,12 @@ class AuditLog:
 
     def verify(self) -> VerifyResult:
         """Verify the Redis copy, including its head."""
-        head = self.head()
-        return verify_against_head(verify_records(self.records()), head)
+        # One transaction: a record appended between two reads would look like a broken head.
+        with self._client.pipeline(transaction=True) as pipe:
+            pipe.lrange(self.keys.records, 0, -1)
+            pipe.get(self.keys.head)
+            lines, raw_head = pipe.execute()
+        return verify_chain(lines, raw_head)
 
 
 class AsyncAuditLog:
@@ -452,8 +462,7 @@ class AsyncAuditLog:
             pipe.lrange(self.keys.records, 0, -1)
             pipe.get(self.keys.head)
             lines, raw_head = await pipe.execute()
-        head = Head.parse(raw_head) if raw_head else None
-        chain = verify_against_head(await asyncio.to_thread(verify_records, lines), head)
+        chain = await asyncio.to_thread(verify_chain, lines, raw_head)
         if self.file is None:
             return chain, None
         mirror = await asyncio.to_thread(verify_file, self.file)

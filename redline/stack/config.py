@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from redline.generate import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
+from redline.generate import ALERTMANAGER_FILE, RULE_FILE
 from redline.platform.golden import EMBEDDING_DIMS
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
 from redline.rules.model import format_duration
@@ -76,7 +76,8 @@ def simulator_part(region: str) -> str:
 def build_service_parts(prometheus_regions: Sequence[str] = ()) -> tuple[str, ...]:
     """The service binaries: a Prometheus per region (if asked for) before the global one."""
     regional = tuple(regional_part(r) for r in prometheus_regions)
-    return (*SERVICE_PARTS[:3], *regional, *SERVICE_PARTS[3:])
+    at = SERVICE_PARTS.index(GLOBAL_PART)
+    return (*SERVICE_PARTS[:at], *regional, *SERVICE_PARTS[at:])
 
 
 def build_part_names(
@@ -140,11 +141,6 @@ class StackLayout:
     def alertmanager_file(self) -> Path:
         """Alertmanager's configuration."""
         return self.rules_dir / ALERTMANAGER_FILE
-
-    @property
-    def prometheus_file(self) -> Path:
-        """The (global) Prometheus's configuration."""
-        return self.prometheus_config(GLOBAL_PART)
 
     def prometheus_config(self, part: str) -> Path:
         """The configuration of one Prometheus part (`prometheus`, `prometheus-<region>`)."""
@@ -316,12 +312,6 @@ def build_stack_spec(spec: Spec, endpoints: Endpoints, token_file: Path) -> Spec
     """The spec (local profile already applied) with the receiver pointed at this run's."""
     receiver = Receiver(url=f"{endpoints.receiver_url}/alerts", bearer_token_file=str(token_file))
     return spec.model_copy(update={"receiver": receiver})
-
-
-def build_rule_texts(stack_spec: Spec, source: str) -> tuple[str, str]:
-    """The rule file and alertmanager.yml generated from the stack's spec."""
-    outputs = build_outputs(stack_spec, source)
-    return outputs[RULES_DIR / RULE_FILE], outputs[RULES_DIR / ALERTMANAGER_FILE]
 
 
 def pipeline_budget_seconds(spec: Spec, for_seconds: float, federated: bool = False) -> float:

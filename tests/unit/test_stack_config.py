@@ -13,6 +13,7 @@ from redline.cli_index import IndexSettings
 from redline.cli_sessions import SessionSettings
 from redline.exporters.gateway import GatewaySettings
 from redline.exporters.settings import load_exporter_settings
+from redline.generate import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
 from redline.platform.simulator import SimulatorSettings
 from redline.remediation.settings import RemediationSettings
 from redline.settings import ServiceSettings, load_settings
@@ -29,7 +30,6 @@ from redline.stack.config import (
     build_ported_parts,
     build_prometheus_config,
     build_prometheus_configs,
-    build_rule_texts,
     build_stack_spec,
     check_regions,
     pipeline_budget_seconds,
@@ -91,7 +91,8 @@ def test_local_profile_windows_and_for_reach_the_rules(
 ) -> None:
     endpoints = build_endpoints(ports, REGIONS)
     stack_spec = build_stack_spec(local_spec, endpoints, layout.token_file)
-    rules, alertmanager = build_rule_texts(stack_spec, "slo/specs/default.yaml")
+    outputs = build_outputs(stack_spec, "slo/specs/default.yaml")
+    rules, alertmanager = outputs[RULES_DIR / RULE_FILE], outputs[RULES_DIR / ALERTMANAGER_FILE]
     groups = yaml.safe_load(rules)["groups"]
     alerts = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
     assert alerts["RedLineLatencyP99"]["for"] == "2s"
@@ -199,7 +200,7 @@ def test_single_prometheus_config_is_unchanged_without_regions(
     assert configs == {
         "prometheus": build_prometheus_config(local_spec, endpoints, layout.rule_file)
     }
-    assert layout.prometheus_file == layout.prometheus_config("prometheus")
+    assert layout.prometheus_config("prometheus") == layout.config_dir / "prometheus.yml"
 
 
 def _commands(local_spec: Spec, ports: dict[str, int], layout: StackLayout) -> dict[str, Any]:
