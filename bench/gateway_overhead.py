@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from redline.platform.processes import free_port, start_redis
+from redline.devstack.processes import free_port, start_redis
 
 TARGET_ADDED_P50_MS = 2.0
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from redline.generate import RULE_FILE, RULES_DIR, build_outputs, write_outputs
+from redline.generate.outputs import RULE_FILE, RULES_DIR, build_outputs, write_outputs
 from redline.rules.build import build_rule_groups
 from redline.slo.load import load_spec
 from redline.slo.spec import ErrorsSli, Slo, SlowRequestsSli, Spec

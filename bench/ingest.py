@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import redis
 
-from redline.platform.processes import free_port, start_redis
+from redline.devstack.processes import free_port, start_redis
 
 TARGET_ALERTS_PER_SECOND = 2000
 TOKEN = "bench-webhook-token"

@@ -40,9 +40,14 @@ from typing import Any
 import numpy as np
 import redis
 
-from redline.platform.deltalog import DeltaLog, vector_checksum
-from redline.platform.processes import Service, start_milvus_lite, start_redis
-from redline.platform.vectorindex import MilvusTarget, TargetSpec, replay_delta_log
+from redline.devstack.processes import Service, start_milvus_lite, start_redis
+from redline.platform.index import (
+    DeltaLog,
+    MilvusTarget,
+    TargetSpec,
+    replay_delta_log,
+    vector_checksum,
+)
 
 TARGET_RATIO = 0.80
 DIM = 384

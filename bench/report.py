@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from redline.platform.promquery import PromClient
+from redline.devstack.samples.report import backfill, build_sample, ts, write_openmetrics
+from redline.reporting.fetch import PromClient
 from redline.reporting.html import render_html
 from redline.reporting.markdown import render_markdown
 from redline.reporting.run import generate_report
-from redline.reporting.sample import backfill, build_sample, ts, write_openmetrics
 from redline.reporting.tables import render_csv_tables, render_json
 from redline.slo.load import load_spec
 from redline.slo.report import Window
@@ -70,7 +70,7 @@ def naive(url: str, window: Window) -> tuple[float, int, float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the side-by-side table."""
-    from redline.platform.processes import start_prometheus
+    from redline.devstack.processes import start_prometheus
 
     spec = load_spec(None).spec
     window = Window(ts("2025-03-01T00:00"), ts("2025-03-31T00:00"))

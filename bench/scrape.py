@@ -48,15 +48,15 @@ from prometheus_client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app, serve_in_thread
+from redline.devstack.processes import start_milvus_lite, start_redis
 from redline.exporters.app import Exporter, ThreadedServer, build_exporter_app, build_registry
 from redline.exporters.drift import encode_vector
-from redline.exporters.gateway import GatewaySettings, build_gateway_app
 from redline.exporters.settings import ExporterSettings
-from redline.platform.processes import start_milvus_lite, start_redis
+from redline.gateway import GatewaySettings, build_gateway_app
+from redline.platform.index import MilvusTarget, TargetSpec
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
-from redline.platform.simulator import SimulatorSettings, build_simulator_app, serve_in_thread
 from redline.platform.snapshots import Baselines, SnapshotRegistry
-from redline.platform.vectorindex import MilvusTarget, TargetSpec
 from redline.slo.load import default_spec_text, parse_spec
 from redline.slo.spec import Spec
 

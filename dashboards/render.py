@@ -10,12 +10,12 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
-from redline.dashboards.error_budgets import build_error_budgets_dashboard
-from redline.dashboards.model_drift import build_model_drift_dashboard
-from redline.dashboards.red_lines import build_red_lines_dashboard
-from redline.dashboards.remediation import build_remediation_dashboard
-from redline.dashboards.rpo import build_rpo_dashboard
-from redline.dashboards.spot import build_spot_dashboard
+from redline.dashboards.boards.error_budgets import build_error_budgets_dashboard
+from redline.dashboards.boards.model_drift import build_model_drift_dashboard
+from redline.dashboards.boards.red_lines import build_red_lines_dashboard
+from redline.dashboards.boards.remediation import build_remediation_dashboard
+from redline.dashboards.boards.rpo import build_rpo_dashboard
+from redline.dashboards.boards.spot import build_spot_dashboard
 from redline.slo.spec import Spec
 
 DASHBOARDS_DIR = Path("dashboards/generated")

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from redline.core.settings import SettingsError, read_secret
 from redline.exporters.drift import (
     DriftProbe,
     NpyReference,
@@ -43,9 +44,8 @@ from redline.exporters.models import ModelVersionsProbe
 from redline.exporters.probe import Probe, ProbeCache
 from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
-from redline.platform.deltalog import DeltaLogError
+from redline.platform.index import DeltaLogError
 from redline.platform.snapshots import SnapshotRegistry
-from redline.settings import SettingsError, read_secret
 from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -377,7 +377,7 @@ class ThreadedServer:
         lifespan: Literal["auto", "on", "off"] = "on",
     ) -> None:
         if port == 0:
-            from redline.platform.processes import free_port
+            from redline.devstack.processes import free_port
 
             port = free_port(host)
         self.host = host

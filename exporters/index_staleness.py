@@ -18,12 +18,13 @@ import numpy as np
 import redis
 
 from redline.exporters.probe import MetricDef, Sample
-from redline.platform.deltalog import DeltaLog, parse_stream_id
-from redline.platform.vectorindex import (
+from redline.platform.index import (
+    DeltaLog,
     IndexConfig,
     IndexWriter,
     MilvusTarget,
     PrimaryApplyError,
+    parse_stream_id,
 )
 
 CANARY_PREFIX = "__redline_canary__."

@@ -22,11 +22,11 @@ from pydantic import (
 )
 from pydantic_settings import SettingsConfigDict
 
+from redline.core.settings import ServiceSettings, SettingsError, load_settings_file
 from redline.exporters.keepalive import KeepaliveSettings
 from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
 from redline.exporters.session_rpo import SessionRpoSettings
-from redline.platform.vectorindex import IndexTargetsFields
-from redline.settings import ServiceSettings, SettingsError, load_settings_file
+from redline.platform.index import IndexTargetsFields
 
 DEFAULT_PORT = 9109
 

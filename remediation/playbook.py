@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 
+from redline.core.errors import TransientError as TransientError
 from redline.remediation.models import Alert
 
 if TYPE_CHECKING:
@@ -57,10 +58,6 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 class PlaybookError(Exception):
     """A playbook cannot do its work; the job ends failed with this message."""
-
-
-class TransientError(PlaybookError):
-    """A failure worth retrying (timeout, dependency busy): the job is retried with backoff."""
 
 
 class LeaseLostError(Exception):

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
+from redline.core.settings import ServiceSettings, SettingsError, read_secret
+from redline.platform.index import IndexTargetsFields
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
-from redline.platform.vectorindex import IndexTargetsFields
-from redline.settings import ServiceSettings, SettingsError, read_secret
 
 DEFAULT_PORT = 9095
 DEFAULT_REGISTRY = "redline.remediation.catalog:build_registry"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from redline.platform.processes import Service, start_milvus_lite, start_redis
+from redline.devstack.processes import Service, start_milvus_lite, start_redis
 
 
 @pytest.fixture(scope="session")

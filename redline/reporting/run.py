@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from redline.platform.promquery import PromClient, check_step, fetch_report_input
+from redline.reporting.fetch import PromClient, check_step, fetch_report_input
 from redline.slo.maths import HOUR
 from redline.slo.report import Report, ReportError, Window, build_report
 from redline.slo.spec import Spec, parse_duration

@@ -40,9 +40,9 @@ from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from pydantic import Field
 
+from redline.core.settings import ServiceSettings
 from redline.reporting.run import floor_hour, generate_report
 from redline.reporting.write import BASENAME, parse_formats, write_report, write_text
-from redline.settings import ServiceSettings
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import parse_duration
 

@@ -2,7 +2,7 @@
 
 Target: the alert's `collection` label, a logical collection configured under
 `vector_index.collections` (its delta log in Redis, its primary and replica on Milvus). The work
-is done by `redline.platform.vectorindex`; these playbooks sequence it, record it and decide.
+is done by `redline.platform.index`; these playbooks sequence it, record it and decide.
 
 - `freeze`: set the freeze flag the index writer honours. Writes keep landing in the delta log
   (that append is their acknowledgement), so none is lost; they reach the primary on unfreeze.
@@ -33,23 +33,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import redis
 from pymilvus import MilvusException
 
-from redline.platform.deltalog import (
+from redline.core.settings import SettingsError, read_secret
+from redline.platform.index import (
+    BatchResult,
     DeltaLog,
     DeltaLogError,
     FreezeState,
-    parse_stream_id,
-)
-from redline.platform.deltalog import LeaseLostError as TargetLeaseLostError
-from redline.platform.vectorindex import (
-    BatchResult,
     IndexConfig,
     IndexSchemaError,
     LeaseBusyError,
     MilvusTarget,
     freeze_writes,
+    parse_stream_id,
     replay_delta_log,
     unfreeze_writes,
 )
+from redline.platform.index import LeaseLostError as TargetLeaseLostError
 from redline.remediation.playbook import (
     PlannedStep,
     Playbook,
@@ -59,7 +58,6 @@ from redline.remediation.playbook import (
     TransientError,
 )
 from redline.remediation.settings import VectorIndexSettings
-from redline.settings import SettingsError, read_secret
 
 if TYPE_CHECKING:
     from redline.remediation.jobs import Job

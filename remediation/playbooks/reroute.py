@@ -40,6 +40,14 @@ from redline.platform.routing import (
     RoutingOverride,
     RoutingStore,
 )
+from redline.platform.serving import (
+    HealthCheck,
+    ServingError,
+    check_health,
+    dry_run,
+    http_client,
+    probe_model,
+)
 from redline.remediation.playbook import (
     PlannedStep,
     Playbook,
@@ -47,14 +55,6 @@ from redline.remediation.playbook import (
     PlaybookError,
     StepResult,
     TransientError,
-)
-from redline.remediation.playbooks.serving import (
-    HealthCheck,
-    ServingError,
-    check_health,
-    dry_run,
-    http_client,
-    probe_model,
 )
 from redline.remediation.settings import RerouteSettings, ServingSettings
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from redline.core.settings import SettingsError, read_secret
 from redline.platform.golden import (
     GOLDEN_SET,
     MODEL_VERSION_HEADER,
@@ -42,6 +43,15 @@ from redline.platform.golden import (
     build_golden_request,
     grade,
     similarity,
+)
+from redline.platform.serving import (
+    ServingError,
+    call,
+    fetch_models,
+    find_card,
+    http_client,
+    load_lora_adapter,
+    unload_lora_adapter,
 )
 from redline.platform.snapshots import (
     Snapshot,
@@ -56,17 +66,7 @@ from redline.remediation.playbook import (
     PlaybookError,
     StepResult,
 )
-from redline.remediation.playbooks.serving import (
-    ServingError,
-    call,
-    fetch_models,
-    find_card,
-    http_client,
-    load_lora_adapter,
-    unload_lora_adapter,
-)
 from redline.remediation.settings import RollbackSettings, ServingSettings
-from redline.settings import SettingsError, read_secret
 
 _EPSILON = 1e-9
 

@@ -2,7 +2,7 @@
 
 Target: the alert's `node` label (`SpotPreemptionNotice` fires while a node's notice is pending,
 i.e. stored by its spot agent but not drained). The spot agent normally drains the node itself
-within a second of the notice; this playbook runs the same flow (`redline.platform.spot_agent.
+within a second of the notice; this playbook runs the same flow (`redline.agents.spot.
 SpotDrainFlow`) when it did not: an agent started with `act: false`, or one whose drain failed.
 
 Firing:
@@ -36,10 +36,7 @@ import httpx
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
-from redline.platform.routing import RoutingError, RoutingStore
-from redline.platform.spot import NodeState, SpotError, scale_spot
-from redline.platform.spot_agent import (
+from redline.agents.spot import (
     DEFAULT_STATE_PREFIX,
     GatewayAdmin,
     ReadinessGate,
@@ -47,6 +44,10 @@ from redline.platform.spot_agent import (
     SpotDrainFlow,
     SpotStateStore,
 )
+from redline.core.settings import SettingsError, read_secret
+from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
+from redline.platform.routing import RoutingError, RoutingStore
+from redline.platform.spot import NodeState, SpotError, scale_spot
 from redline.remediation.playbook import (
     PlannedStep,
     Playbook,
@@ -56,7 +57,6 @@ from redline.remediation.playbook import (
     TransientError,
 )
 from redline.remediation.settings import ServingSettings
-from redline.settings import SettingsError, read_secret
 from redline.slo.load import SpecError, apply_profile, load_spec
 from redline.slo.spec import Spot
 

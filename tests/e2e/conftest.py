@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from redline.stack.config import StackLayout
-from redline.stack.runtime import load_running, part_alive
-from tests.e2e.stack_support import (
+from redline.devstack.config import StackLayout
+from redline.devstack.runtime import load_running, part_alive
+from tests.support.stack import (
     UP_TIMEOUT,
     RunningStack,
     processes_mentioning,

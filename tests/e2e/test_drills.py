@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from redline.stack.config import StackLayout
-from redline.stack.drills import DRILL_ORDER, DrillResult, run_drills
-from redline.stack.report import render_json, write_json
-from redline.stack.runtime import load_running
-from tests.e2e.stack_support import RunningStack, redline
+from redline.devstack.config import StackLayout
+from redline.devstack.drills import DRILL_ORDER, DrillResult, run_drills
+from redline.devstack.report import render_json, write_json
+from redline.devstack.runtime import load_running
+from tests.support.stack import RunningStack, redline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from redline.dashboards.render import BUILDERS
+from redline.devstack.config import StackLayout, build_part_names
+from redline.devstack.runtime import load_running, part_alive, read_state
 from redline.rules.build import p99_record
-from redline.stack.config import StackLayout, build_part_names
-from redline.stack.runtime import load_running, part_alive, read_state
-from tests.e2e.stack_support import RunningStack, processes_mentioning, redline
+from tests.support.stack import RunningStack, processes_mentioning, redline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

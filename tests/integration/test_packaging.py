@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 CHECK = """
 import redline, redline.slo.load as load, redline.rules.build as build, redline.remediation.app
-import redline.exporters.app, redline.dashboards, redline.platform.processes
+import redline.exporters.app, redline.dashboards, redline.devstack.processes
 assert redline.__file__.startswith(TARGET), redline.__file__
 spec = load.load_spec().spec            # the embedded default travels in the wheel
 assert build.build_rule_groups(spec)

@@ -1,0 +1,1 @@
+"""One module per dashboard, each a pure builder from the spec."""

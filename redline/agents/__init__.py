@@ -1,0 +1,1 @@
+"""Node agents: the spot-preemption agent."""

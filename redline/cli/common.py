@@ -1,0 +1,52 @@
+"""Plumbing shared by the long-running CLI commands: consoles, common options, failing, serving.
+
+Kept light to import (typer and rich only; uvicorn is imported when a server actually runs) so
+that the lazily loaded command modules can share it without slowing `redline validate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from redline.core.settings import ServiceSettings
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on.")]
+PortOpt = Annotated[int | None, typer.Option("--port", help="Port to listen on.")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="Settings YAML (flags and REDLINE_* env win).")
+]
+RegionsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--regions",
+        min=1,
+        help="Run a Prometheus for each of the spec's first N regions (external_labels "
+        "region) and a global one that federates them and evaluates the rules.",
+    ),
+]
+"""`redline up` and `redline demo`: one Prometheus per region instead of one."""
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `message` line by line to stderr; the exit (code 2: bad settings) to raise."""
+    for line in message.splitlines():
+        err.print(line, markup=False)
+    return typer.Exit(2)
+
+
+def serve(app: Any, settings: ServiceSettings, port: int, banner: str) -> None:
+    """Log at the settings' level, print `banner`, run `app` under uvicorn until stopped."""
+    import uvicorn  # here, not at the top: the module must stay light to import
+
+    logging.basicConfig(level=settings.log_level.upper())
+    out.print(banner, markup=False)
+    uvicorn.run(app, host=settings.host, port=port, log_level=settings.log_level, access_log=False)

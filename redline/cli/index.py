@@ -1,0 +1,410 @@
+"""`redline index ...`: the vector index write path from the command line.
+
+Thin: parses arguments, loads settings, calls `redline.platform.index`. `replicate` is the
+long-running replicator process; `replay`, `freeze`, `unfreeze`, `pause`, `resume`, `status` and
+`write-demo` are one-shot commands for playbooks, drills and operators.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import numpy as np
+import redis
+import typer
+from pydantic import Field, PositiveFloat, PositiveInt, SecretStr
+from pymilvus import MilvusException
+from rich.console import Console
+
+from redline.core.settings import ServiceSettings, SettingsError, load_settings, read_secret
+from redline.platform.index import (
+    DeltaLog,
+    DeltaLogError,
+    IndexConfig,
+    IndexTargetsFields,
+    IndexWriter,
+    MilvusTarget,
+    Replicator,
+    VectorIndexError,
+    freeze_writes,
+    replay_delta_log,
+    unfreeze_writes,
+)
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+index_app = typer.Typer(
+    name="index",
+    help="Vector index write path: replicator, delta-log replay, write freeze, status.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+class IndexSettings(IndexTargetsFields, ServiceSettings):
+    """Settings of the index commands (flags > `REDLINE_*` env > `--config` file > defaults)."""
+
+    collection: str = Field("documents", description="Logical collection (names the delta log).")
+    dim: PositiveInt = Field(384, description="Vector dimension.")
+    region: str = Field("primary", description="Region this process writes as.")
+    milvus_token: SecretStr | None = Field(None, description="Milvus token (env or token file).")
+    milvus_timeout_seconds: PositiveFloat = Field(10.0, description="Timeout of Milvus calls.")
+    batch_size: PositiveInt = Field(500, description="Delta-log entries applied per batch.")
+    poll_interval_seconds: PositiveFloat = Field(0.1, description="Replicator idle poll interval.")
+    lease_ttl_seconds: PositiveFloat = Field(15.0, description="Lease of an applier on a target.")
+
+    def collection_config(self, token: str = "") -> IndexConfig:
+        """The IndexConfig these settings describe."""
+        return self.index_config(self.collection, self.dim, token, self.region)
+
+
+@dataclass
+class _Index:
+    settings: IndexSettings
+    config: IndexConfig
+    redis: redis.Redis
+    log: DeltaLog
+    primary: MilvusTarget
+    replica: MilvusTarget
+
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="Settings YAML file.", show_default=False)
+]
+RedisOpt = Annotated[
+    str | None, typer.Option("--redis-url", help="Redis holding the delta log.", show_default=False)
+]
+CollectionOpt = Annotated[
+    str | None, typer.Option("--collection", help="Logical collection.", show_default=False)
+]
+DimOpt = Annotated[int | None, typer.Option("--dim", help="Vector dimension.", show_default=False)]
+PrimaryUriOpt = Annotated[
+    str | None, typer.Option("--primary-uri", help="Milvus URI of the primary.", show_default=False)
+]
+ReplicaUriOpt = Annotated[
+    str | None, typer.Option("--replica-uri", help="Milvus URI of the replica.", show_default=False)
+]
+PrimaryCollOpt = Annotated[
+    str | None,
+    typer.Option("--primary-collection", help="Primary collection name.", show_default=False),
+]
+ReplicaCollOpt = Annotated[
+    str | None,
+    typer.Option("--replica-collection", help="Replica collection name.", show_default=False),
+]
+ReplicaNameOpt = Annotated[
+    str | None, typer.Option("--replica-name", help="Name of the replica.", show_default=False)
+]
+RegionOpt = Annotated[
+    str | None, typer.Option("--region", help="Region this process writes as.", show_default=False)
+]
+BatchOpt = Annotated[
+    int | None, typer.Option("--batch-size", help="Entries per batch.", show_default=False)
+]
+LeaseOpt = Annotated[
+    float | None,
+    typer.Option("--lease-ttl", help="Seconds an applier's lease lasts.", show_default=False),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option("--milvus-token-file", help="File holding the Milvus token.", show_default=False),
+]
+
+
+@contextmanager
+def _open(
+    config: Path | None, token_file: Path | None = None, **overrides: Any
+) -> Iterator[_Index]:
+    try:
+        settings = load_settings(IndexSettings, config, **overrides)
+        token = read_secret(token_file, settings.milvus_token, "milvus token")
+        index = settings.collection_config(token.get_secret_value() if token else "")
+    except (SettingsError, DeltaLogError) as exc:
+        _fail(str(exc), 2)
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    t = settings.milvus_timeout_seconds
+    primary = MilvusTarget(index.primary, index.dim, t, index.metric_type)
+    replica = MilvusTarget(index.replica, index.dim, t, index.metric_type)
+    try:
+        yield _Index(settings, index, client, DeltaLog(client, index.collection, index.dim),
+                     primary, replica)  # fmt: skip
+    except (redis.RedisError, MilvusException, VectorIndexError, DeltaLogError) as exc:
+        _fail(f"{type(exc).__name__}: {exc}", 1)
+    finally:
+        primary.close()
+        replica.close()
+        client.close()
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    for line in message.splitlines():
+        err.print(line, markup=False)
+    raise typer.Exit(code)
+
+
+def _common(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _open_replica(
+    config: Path | None, redis_url: str | None, collection: str | None, replica_name: str | None
+) -> AbstractContextManager[_Index]:
+    """Open the index for the Redis-only replica commands (`pause`, `resume`, `status`)."""
+    overrides = _common(redis_url=redis_url, collection=collection, replica_name=replica_name)
+    return _open(config, None, **overrides)
+
+
+@index_app.command()
+def replicate(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    dim: DimOpt = None,
+    primary_uri: PrimaryUriOpt = None,
+    replica_uri: ReplicaUriOpt = None,
+    primary_collection: PrimaryCollOpt = None,
+    replica_collection: ReplicaCollOpt = None,
+    replica_name: ReplicaNameOpt = None,
+    batch_size: BatchOpt = None,
+    lease_ttl: LeaseOpt = None,
+    milvus_token_file: TokenFileOpt = None,
+) -> None:
+    """Run the replicator: apply the delta log to the replica until SIGTERM/SIGINT."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    overrides = _common(
+        redis_url=redis_url, collection=collection, dim=dim, primary_uri=primary_uri,
+        replica_uri=replica_uri, primary_collection=primary_collection,
+        replica_collection=replica_collection, replica_name=replica_name,
+        batch_size=batch_size, lease_ttl_seconds=lease_ttl,
+    )  # fmt: skip
+    with _open(config, milvus_token_file, **overrides) as ix:
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        _ensure(ix.replica)
+        replicator = Replicator(
+            ix.log,
+            ix.replica,
+            batch_size=ix.settings.batch_size,
+            poll_interval_seconds=ix.settings.poll_interval_seconds,
+            lease_ttl_seconds=ix.settings.lease_ttl_seconds,
+        )
+        err.print(
+            f"replicating {ix.config.collection} -> {ix.replica.name} "
+            f"({ix.replica.spec.uri}, collection {ix.replica.collection})",
+            markup=False,
+        )
+        replicator.run(stop)
+
+
+def _ensure(target: MilvusTarget, attempts: int = 60) -> None:
+    """Create/check the collection, retrying while Milvus starts."""
+    for attempt in range(attempts):
+        try:
+            target.ensure_collection()
+            return
+        except MilvusException as exc:
+            if attempt == attempts - 1:
+                raise
+            err.print(f"waiting for Milvus at {target.spec.uri}: {exc}", markup=False)
+            time.sleep(1.0)
+
+
+@index_app.command()
+def replay(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    dim: DimOpt = None,
+    replica_uri: ReplicaUriOpt = None,
+    replica_collection: ReplicaCollOpt = None,
+    replica_name: ReplicaNameOpt = None,
+    batch_size: BatchOpt = None,
+    lease_ttl: LeaseOpt = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Last stream id to apply (default: the newest now)."),
+    ] = None,
+    max_rows_per_second: Annotated[
+        float | None, typer.Option("--max-rows-per-second", help="Throttle the replay.")
+    ] = None,
+    no_compact: Annotated[bool, typer.Option("--no-compact", help="Skip compaction.")] = False,
+    milvus_token_file: TokenFileOpt = None,
+) -> None:
+    """Replay the delta log onto the replica, verify it, print a JSON report (exit 1: mismatch)."""
+    overrides = _common(
+        redis_url=redis_url, collection=collection, dim=dim, replica_uri=replica_uri,
+        replica_collection=replica_collection, replica_name=replica_name,
+        batch_size=batch_size, lease_ttl_seconds=lease_ttl,
+    )  # fmt: skip
+    with _open(config, milvus_token_file, **overrides) as ix:
+        ix.replica.ensure_collection()
+        report = replay_delta_log(
+            ix.log,
+            ix.replica,
+            batch_size=ix.settings.batch_size,
+            until=until,
+            lease_ttl_seconds=ix.settings.lease_ttl_seconds,
+            max_rows_per_second=max_rows_per_second,
+            compact=not no_compact,
+        )
+        out.print(json.dumps(report.summary()), markup=False)
+        if not report.ok:
+            raise typer.Exit(1)
+
+
+@index_app.command()
+def freeze(
+    reason: Annotated[str, typer.Option("--reason", help="Why writes are frozen.")],
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+) -> None:
+    """Freeze writes to the primary (they keep landing in the delta log)."""
+    with _open(config, None, **_common(redis_url=redis_url, collection=collection)) as ix:
+        state = freeze_writes(ix.log, ix.primary.name, reason)
+        out.print(json.dumps(asdict(state)), markup=False)
+
+
+@index_app.command()
+def unfreeze(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    dim: DimOpt = None,
+    primary_uri: PrimaryUriOpt = None,
+    primary_collection: PrimaryCollOpt = None,
+    batch_size: BatchOpt = None,
+    milvus_token_file: TokenFileOpt = None,
+) -> None:
+    """Apply the writes made while frozen to the primary, then let writes flow again."""
+    overrides = _common(
+        redis_url=redis_url, collection=collection, dim=dim, primary_uri=primary_uri,
+        primary_collection=primary_collection, batch_size=batch_size,
+    )  # fmt: skip
+    with _open(config, milvus_token_file, **overrides) as ix:
+        applied = unfreeze_writes(ix.log, ix.primary, batch_size=ix.settings.batch_size)
+        out.print(json.dumps({"unfrozen": True, "applied_to_primary": applied}), markup=False)
+
+
+@index_app.command()
+def pause(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    replica_name: ReplicaNameOpt = None,
+) -> None:
+    """Pause the replica's replicator (drills)."""
+    with _open_replica(config, redis_url, collection, replica_name) as ix:
+        ix.log.set_paused(ix.replica.name, True)
+
+
+@index_app.command()
+def resume(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    replica_name: ReplicaNameOpt = None,
+) -> None:
+    """Resume the replica's replicator."""
+    with _open_replica(config, redis_url, collection, replica_name) as ix:
+        ix.log.set_paused(ix.replica.name, False)
+
+
+@index_app.command()
+def status(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    replica_name: ReplicaNameOpt = None,
+) -> None:
+    """Print the delta log, freeze flag and replica checkpoint as JSON (Redis only)."""
+    with _open_replica(config, redis_url, collection, replica_name) as ix:
+        name = ix.replica.name
+        state = ix.log.target_state(name)
+        pending, oldest = ix.log.pending(name, state)
+        frozen = ix.log.freeze_state()
+        report = {
+            "collection": ix.config.collection,
+            "log": asdict(ix.log.info()),
+            "frozen": asdict(frozen) if frozen else None,
+            "replica": {
+                "name": name,
+                "paused": ix.log.is_paused(name),
+                "pending_entries": pending,
+                "oldest_pending_age_seconds": oldest,
+                **asdict(state),
+                "regions": sorted(state.regions),
+            },
+            "unfinished_replay": ix.log.replay_range(name),
+        }
+        out.print(json.dumps(report), markup=False)
+
+
+@index_app.command("write-demo")
+def write_demo(
+    count: Annotated[int, typer.Option("--count", help="Rows to write.", min=1)] = 1000,
+    rate: Annotated[
+        float | None, typer.Option("--rate", help="Rows per second (default: as fast as it can).")
+    ] = None,
+    batch: Annotated[int, typer.Option("--batch", help="Rows per write call.", min=1)] = 100,
+    prefix: Annotated[str, typer.Option("--prefix", help="Row id prefix.")] = "doc-",
+    seed: Annotated[int, typer.Option("--seed", help="Random seed of the vectors.")] = 0,
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    dim: DimOpt = None,
+    primary_uri: PrimaryUriOpt = None,
+    primary_collection: PrimaryCollOpt = None,
+    region: RegionOpt = None,
+    milvus_token_file: TokenFileOpt = None,
+) -> None:
+    """Write random vectors through the writer (demo load, drills); prints counts as JSON."""
+    overrides = _common(
+        redis_url=redis_url, collection=collection, dim=dim, primary_uri=primary_uri,
+        primary_collection=primary_collection, region=region,
+    )  # fmt: skip
+    with _open(config, milvus_token_file, **overrides) as ix:
+        _ensure(ix.primary)
+        writer = IndexWriter(ix.log, ix.primary, ix.config.region)
+        rng = np.random.default_rng(seed)
+        started = time.monotonic()
+        written = applied = 0
+        while written < count:
+            n = min(batch, count - written)
+            vectors = rng.standard_normal((n, ix.config.dim)).astype(np.float32)
+            rows = [(f"{prefix}{written + i}", vectors[i]) for i in range(n)]
+            acks = writer.upsert_many(rows)
+            written += n
+            applied += sum(a.applied for a in acks)
+            if rate:
+                ahead = written / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        elapsed = time.monotonic() - started
+        out.print(
+            json.dumps(
+                {
+                    "written": written,
+                    "applied_to_primary": applied,
+                    "seconds": round(elapsed, 3),
+                }
+            ),
+            markup=False,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `index` group to the main CLI."""
+    app.add_typer(index_app, name="index")

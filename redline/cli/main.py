@@ -1,0 +1,217 @@
+"""The `redline` command line: parses arguments and calls the packages (layer 5, thin)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from redline.cli.common import RegionsOpt
+from redline.cli.lazy import LazyGroup
+from redline.generate.outputs import RULES_DIR, build_outputs, diff_outputs, write_outputs
+from redline.generate.toolcheck import ToolMissingError, run_checks
+from redline.rules.alertmanager import used_playbooks
+from redline.rules.build import build_rule_groups
+from redline.slo.load import LoadedSpec, SpecError, apply_profile, load_spec
+
+app = typer.Typer(
+    name="redline",
+    cls=LazyGroup,
+    help="SLA red lines, SLOs and remediation for generative-AI serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+SpecArg = Annotated[
+    Path | None,
+    typer.Argument(help="Spec YAML file; the embedded default when omitted.", show_default=False),
+]
+SpecOpt = Annotated[
+    Path | None,
+    typer.Option("--spec", help="Spec YAML file; the embedded default when omitted."),
+]
+
+
+@app.callback()
+def root() -> None:
+    """redline: generate rules from the spec, run the exporters and the remediation receiver."""
+
+
+def load_or_exit(path: Path | None) -> LoadedSpec:
+    """Load a spec or print its problems (`file: field: message`) and exit 2."""
+    try:
+        loaded = load_spec(path)
+    except SpecError as exc:
+        for line in exc.problems:
+            err.print(line, markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    for finding in loaded.warnings:
+        err.print(finding.render(loaded.source), markup=False, highlight=False)
+    return loaded
+
+
+@app.command()
+def validate(spec: SpecArg = None) -> None:
+    """Validate a spec: exit 0 when usable (warnings printed), 2 with one line per problem."""
+    loaded = load_or_exit(spec)
+    s = loaded.spec
+    console.print(
+        f"{loaded.source}: ok: spec {s.version} for {s.service}, regions {', '.join(s.regions)}, "
+        f"{len(s.slos)} SLOs, {len(loaded.warnings)} warning(s)",
+        markup=False,
+        highlight=False,
+    )
+
+
+ProfileOpt = Annotated[
+    str | None, typer.Option("--profile", help="Timing profile of the spec (e.g. local).")
+]
+
+
+def source_name(loaded: LoadedSpec) -> str:
+    """How generated files name their spec: a stable path, never an absolute temp path."""
+    if loaded.source.startswith("<embedded>/"):
+        return "slo/specs/" + loaded.source.removeprefix("<embedded>/")
+    return Path(loaded.source).name
+
+
+def _generated(spec_path: Path | None, profile: str | None) -> tuple[LoadedSpec, dict[Path, str]]:
+    loaded = load_or_exit(spec_path)
+    try:
+        spec = apply_profile(loaded.spec, profile)
+    except SpecError as exc:
+        for line in exc.problems:
+            err.print(f"{loaded.source}: {line}", markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    return loaded, build_outputs(spec, source_name(loaded))
+
+
+@app.command()
+def generate(
+    spec: SpecOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Root the generated tree is written under.")
+    ] = Path("."),
+    check: Annotated[
+        bool, typer.Option("--check", help="Write nothing; exit 1 if the files on disk differ.")
+    ] = False,
+    profile: ProfileOpt = None,
+) -> None:
+    """Write rules, promtool tests, alertmanager.yml and the PrometheusRule from the spec."""
+    _, outputs = _generated(spec, profile)
+    if check:
+        diffs = diff_outputs(out, outputs)
+        for path, diff in diffs.items():
+            err.print(f"{path}: differs from the spec; run `redline generate`", markup=False)
+            err.print(diff, markup=False, highlight=False)
+        if diffs:
+            raise typer.Exit(1)
+        console.print(f"{len(outputs)} generated files are up to date", markup=False)
+        return
+    changed = write_outputs(out, outputs)
+    for path in outputs:
+        state = "written" if path in changed else "unchanged"
+        console.print(f"{out / path}: {state}", markup=False, highlight=False)
+
+
+@app.command()
+def check(
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Directory holding the generated files.")
+    ] = RULES_DIR,
+) -> None:
+    """Run promtool check rules, promtool test rules and amtool check-config on the output."""
+    try:
+        results = run_checks(directory)
+    except ToolMissingError as exc:
+        err.print(str(exc), markup=False)
+        raise typer.Exit(3) from None
+    for result in results:
+        mark = "ok" if result.ok else "FAILED"
+        console.print(f"{result.name}: {mark}", markup=False)
+        if not result.ok:
+            console.print(result.output, markup=False, highlight=False)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+def summarize(loaded: LoadedSpec, profile: str | None) -> None:
+    """Print what the spec generates: alerts, recording rules, routes."""
+    from rich.table import Table
+
+    spec = apply_profile(loaded.spec, profile)
+    groups = build_rule_groups(spec)
+    table = Table(title=f"redline rules for {spec.service}")
+    for column in ("group", "recording rules", "alerts"):
+        table.add_column(column)
+    for group in groups:
+        names = sorted({a.alert for a in group.alerts})
+        table.add_row(group.name, str(len(group.recordings)), ", ".join(names) or "-")
+    console.print(table)
+    playbooks = used_playbooks(groups)
+    console.print(
+        f"Alertmanager routes to the remediation webhook by playbook: {', '.join(playbooks)}"
+    )
+
+
+@app.command()
+def demo(
+    spec: SpecOpt = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Where the demo writes its generated tree.")
+    ] = Path(".redline/demo"),
+    run_dir: Annotated[
+        Path, typer.Option("--run-dir", help="Run directory of the local stack.")
+    ] = Path(".redline/run"),
+    once: Annotated[
+        bool,
+        typer.Option("--once", help="Stop the stack after the drills instead of leaving it up."),
+    ] = False,
+    check_only: Annotated[
+        bool, typer.Option("--check-only", help="Only generate and check; start no stack.")
+    ] = False,
+    rate: Annotated[
+        float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
+    ] = 50.0,
+    regions: RegionsOpt = None,
+) -> None:
+    """Generate and check everything, start the local stack, run every drill, print timings.
+
+    The stack stays up afterwards with its URLs printed (`--once` stops it).
+    """
+    loaded, outputs = _generated(spec, None)
+    console.print(f"spec {loaded.source}: valid ({len(loaded.warnings)} warning(s))", markup=False)
+    write_outputs(out, outputs)
+    for path in outputs:
+        console.print(f"generated {out / path}", markup=False, highlight=False)
+    try:
+        results = run_checks(out / RULES_DIR)
+    except ToolMissingError as exc:
+        err.print(str(exc), markup=False)
+        raise typer.Exit(3) from None
+    for result in results:
+        console.print(f"{result.name}: {'ok' if result.ok else 'FAILED'}", markup=False)
+        if not result.ok:
+            console.print(result.output, markup=False, highlight=False)
+    summarize(loaded, None)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+    if check_only:
+        return
+    from redline.cli.stack import run_demo
+
+    run_demo(run_dir, spec, once, rate, regions)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

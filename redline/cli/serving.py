@@ -1,0 +1,129 @@
+"""`redline gateway` and `redline simulate upstream`: the serving-side long-running commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from redline.cli.common import ConfigOpt, HostOpt, PortOpt, fail, serve
+from redline.cli.spot import simulate_metadata
+from redline.core.settings import SettingsError, load_settings
+from redline.devstack.fakes.simulator import (
+    DEFAULT_SIMULATOR_PORT,
+    SimulatorError,
+    SimulatorSettings,
+    build_simulator_app,
+)
+from redline.gateway import (
+    DEFAULT_GATEWAY_PORT,
+    GatewayConfigError,
+    GatewaySettings,
+    build_gateway_app,
+)
+from redline.slo.load import SpecError, apply_profile, load_spec
+from redline.slo.spec import Spec
+
+simulate_app = typer.Typer(
+    help="Simulated components for tests, the demo and the drills.", no_args_is_help=True
+)
+
+
+def _spec(path: Path | None, profile: str | None) -> Spec:
+    try:
+        loaded = load_spec(path)
+        return apply_profile(loaded.spec, profile)
+    except SpecError as exc:
+        raise fail("\n".join(exc.problems)) from None
+
+
+def parse_upstreams(values: list[str]) -> dict[str, str]:
+    """`region=url` flags as an ordered mapping; typer.BadParameter on a malformed one."""
+    upstreams: dict[str, str] = {}
+    for value in values:
+        region, sep, url = value.partition("=")
+        if not sep or not region or not url:
+            raise typer.BadParameter(f"{value!r}: expected REGION=URL", param_hint="--upstream")
+        if region in upstreams:
+            raise typer.BadParameter(f"region {region!r} given twice", param_hint="--upstream")
+        upstreams[region] = url
+    return upstreams
+
+
+@simulate_app.command("upstream")
+def simulate_upstream(
+    region: Annotated[str | None, typer.Option("--region", help="Region served.")] = None,
+    host: HostOpt = None,
+    port: PortOpt = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the fault dice.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Serve an OpenAI-compatible upstream (vLLM-like, with fault knobs at /admin/faults)."""
+    try:
+        settings = load_settings(
+            SimulatorSettings, config, region=region, host=host, port=port, seed=seed
+        )
+        app = build_simulator_app(settings)
+    except (SettingsError, SimulatorError) as exc:
+        raise fail(str(exc)) from None
+    listen = settings.port or DEFAULT_SIMULATOR_PORT
+    banner = f"upstream simulator for region {settings.region} on http://{settings.host}:{listen}"
+    serve(app, settings, listen, banner)
+
+
+def gateway(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    redis_url: Annotated[
+        str | None, typer.Option("--redis-url", help="Redis of the routing store.")
+    ] = None,
+    spec: Annotated[
+        Path | None, typer.Option("--spec", help="Spec YAML; the embedded default when omitted.")
+    ] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Spec timing profile.")] = None,
+    upstream: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--upstream", help="REGION=URL, repeated in failover order (first is primary)."
+        ),
+    ] = None,
+    first_byte_budget: Annotated[
+        float | None,
+        typer.Option("--first-byte-budget", help="Seconds before rerouting a silent upstream."),
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Serve the OpenAI-compatible gateway with cross-region reroute and /metrics."""
+    try:
+        settings = load_settings(
+            GatewaySettings,
+            config,
+            host=host,
+            port=port,
+            redis_url=redis_url,
+            spec=spec,
+            profile=profile,
+            upstreams=parse_upstreams(upstream) if upstream else None,
+            first_byte_budget_seconds=first_byte_budget,
+        )
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+    loaded = _spec(settings.spec, settings.profile)
+    try:
+        app = build_gateway_app(settings, loaded)
+    except GatewayConfigError as exc:
+        raise fail(str(exc)) from None
+    listen = settings.port or DEFAULT_GATEWAY_PORT
+    routes = ", ".join(f"{r}={u}" for r, u in settings.upstreams.items())
+    banner = f"gateway on http://{settings.host}:{listen} (metrics at /metrics) -> {routes}"
+    serve(app, settings, listen, banner)
+
+
+simulate_app.command("metadata")(simulate_metadata)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `gateway`, `simulate upstream` and `simulate metadata` to the `redline` app."""
+    app.command("gateway")(gateway)
+    app.add_typer(simulate_app, name="simulate")

@@ -1,0 +1,235 @@
+"""`redline sessions …`: run the session replica consumer, generate demo traffic, show the RPO."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from pydantic import Field, PositiveFloat
+from rich.console import Console
+
+from redline.core.settings import ServiceSettings, SettingsError, load_settings
+from redline.platform.sessions import (
+    DEFAULT_CONSUMER,
+    DEFAULT_GROUP,
+    DEFAULT_KEY_PREFIX,
+    DEFAULT_STREAM,
+    DEFAULT_WRITTEN_KEY,
+    REDIS_CONNECTION_ERRORS,
+    CdcTargetError,
+    ReplicaConsumer,
+    SessionLayout,
+    SessionStoreError,
+    SessionWriter,
+    measure_cdc_rpo,
+    open_redis,
+)
+from redline.slo.load import SpecError, load_spec
+
+sessions_app = typer.Typer(
+    name="sessions",
+    help="Session state with CDC: replica consumer, demo writer, RPO status.",
+    no_args_is_help=True,
+)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+log = logging.getLogger(__name__)
+
+
+class SessionSettings(ServiceSettings):
+    """Settings of the session commands (`REDLINE_*` env vars or `--config`)."""
+
+    replica_url: str = Field("redis://127.0.0.1:6379/1", description="Replica session store.")
+    session_stream: str = Field(DEFAULT_STREAM, min_length=1, description="CDC stream key.")
+    session_group: str = Field(DEFAULT_GROUP, min_length=1, description="Replica's group.")
+    session_consumer: str = Field(DEFAULT_CONSUMER, min_length=1, description="Consumer name.")
+    session_key_prefix: str = Field(DEFAULT_KEY_PREFIX, min_length=1, description="Key prefix.")
+    session_written_key: str = Field(DEFAULT_WRITTEN_KEY, min_length=1, description="Write ZSET.")
+    session_ttl_seconds: PositiveFloat = Field(1800.0, description="TTL of session context.")
+
+    @property
+    def layout(self) -> SessionLayout:
+        """Where the session state lives."""
+        return SessionLayout(self.session_key_prefix, self.session_stream, self.session_written_key)
+
+
+RedisUrlOpt = Annotated[str | None, typer.Option("--redis-url", help="Primary session store.")]
+ReplicaUrlOpt = Annotated[str | None, typer.Option("--replica-url", help="Replica store.")]
+StreamOpt = Annotated[str | None, typer.Option("--stream", help="CDC stream key.")]
+GroupOpt = Annotated[str | None, typer.Option("--group", help="Replica consumer group.")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Settings YAML file.")]
+SpecOpt = Annotated[Path | None, typer.Option("--spec", help="Spec YAML; default: embedded.")]
+
+
+def _settings(config: Path | None, **overrides: object) -> SessionSettings:
+    try:
+        settings = load_settings(SessionSettings, config, **overrides)
+    except SettingsError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return settings
+
+
+def _min_seconds(spec: Path | None) -> float:
+    try:
+        return float(load_spec(spec).spec.red_lines.context_keepalive.min_seconds)
+    except SpecError as exc:
+        for line in exc.problems:
+            err.print(line, markup=False, highlight=False)
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM or SIGINT while the block runs; the old handlers come back after."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@sessions_app.command()
+def replica(
+    redis_url: RedisUrlOpt = None,
+    replica_url: ReplicaUrlOpt = None,
+    stream: StreamOpt = None,
+    group: GroupOpt = None,
+    consumer: Annotated[str | None, typer.Option("--consumer", help="Consumer name.")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Apply the CDC stream to the replica until SIGTERM/Ctrl-C (ACK after each apply)."""
+    s = _settings(
+        config,
+        redis_url=redis_url,
+        replica_url=replica_url,
+        session_stream=stream,
+        session_group=group,
+        session_consumer=consumer,
+    )
+    source = open_redis(s.redis_url, timeout_seconds=5.0)
+    target = open_redis(s.replica_url, timeout_seconds=5.0)
+    try:
+        worker = ReplicaConsumer(
+            source, target, s.session_stream, s.session_group, s.session_consumer
+        )
+        console.print(
+            f"session replica: {s.session_stream} ({s.session_group}/{s.session_consumer}) "
+            f"-> {s.replica_url}",
+            markup=False,
+            highlight=False,
+        )
+        with _stop_on_signals() as stop:
+            worker.run(stop)
+        console.print(
+            f"session replica stopped: applied {worker.stats.applied}, acked {worker.stats.acked}",
+            markup=False,
+            highlight=False,
+        )
+    finally:
+        source.close()
+        target.close()
+
+
+def _demo_traffic(
+    store: SessionWriter, stop: threading.Event, sessions: int, rate: float, duration: float
+) -> int:
+    rng = random.Random(0)
+    turns: dict[str, list[str]] = {}
+    written = 0
+    deadline = time.monotonic() + duration if duration else None
+    for n in itertools.count():
+        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            break
+        session_id = f"demo-{n % sessions:04d}"
+        history = turns.setdefault(session_id, [])
+        history.append(f"turn {len(history) + 1}: {rng.choice(['hi', 'why?', 'go on'])}")
+        del history[:-10]  # the context window keeps the last ten turns
+        try:
+            store.write(session_id, json.dumps({"turns": history}))
+            written += 1
+        except REDIS_CONNECTION_ERRORS as exc:
+            log.warning("session write failed: %s", exc)
+        stop.wait(1.0 / rate)
+    return written
+
+
+@sessions_app.command()
+def writer(
+    redis_url: RedisUrlOpt = None,
+    stream: StreamOpt = None,
+    sessions: Annotated[int, typer.Option(min=1, help="Distinct demo sessions.")] = 20,
+    rate: Annotated[float, typer.Option(min=0.1, help="Writes per second.")] = 10.0,
+    duration: Annotated[float, typer.Option(min=0, help="Seconds to run; 0: until Ctrl-C.")] = 0,
+    ttl_seconds: Annotated[float | None, typer.Option(min=0.001, help="Context TTL.")] = None,
+    config: ConfigOpt = None,
+    spec: SpecOpt = None,
+) -> None:
+    """Generate demo session traffic: each write appends a turn to a session's context."""
+    s = _settings(
+        config, redis_url=redis_url, session_stream=stream, session_ttl_seconds=ttl_seconds
+    )
+    retention = max(3600.0, 2 * _min_seconds(spec))
+    client = open_redis(s.redis_url, timeout_seconds=5.0)
+    try:
+        store = SessionWriter(client, s.layout, s.session_ttl_seconds, retention)
+        with _stop_on_signals() as stop:
+            written = _demo_traffic(store, stop, sessions, rate, duration)
+    finally:
+        client.close()
+    console.print(f"wrote {written} session updates", markup=False, highlight=False)
+
+
+@sessions_app.command()
+def status(
+    redis_url: RedisUrlOpt = None,
+    stream: StreamOpt = None,
+    group: GroupOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Print the CDC RPO of a stream's group: exit 2 if missing, 1 if Redis is unreachable."""
+    s = _settings(config, redis_url=redis_url, session_stream=stream, session_group=group)
+    client = open_redis(s.redis_url)
+    try:
+        lag = measure_cdc_rpo(client, s.session_stream, s.session_group)
+    except CdcTargetError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    except (*REDIS_CONNECTION_ERRORS, SessionStoreError) as exc:
+        err.print(f"{s.redis_url}: {type(exc).__name__}: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from None
+    finally:
+        client.close()
+    console.print(
+        f"{lag.stream} {lag.group}: rpo {lag.rpo_seconds:.3f} s, pending {lag.pending}, "
+        f"undelivered {lag.lag if lag.lag is not None else '?'}, "
+        f"oldest pending {lag.oldest_pending_id or '-'}, "
+        f"first undelivered {lag.first_undelivered_id or '-'}",
+        markup=False,
+        highlight=False,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `sessions` group to the main CLI."""
+    app.add_typer(sessions_app, name="sessions")

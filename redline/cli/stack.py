@@ -1,0 +1,349 @@
+"""`redline up`, `down`, `status`, `drill` and the load generator: the local stack from the CLI.
+
+Thin: parses options, calls `redline.devstack`, prints. Exit codes: 0 ok; 1 a part or drill
+failed; 2 bad input (spec, options); 3 a binary is missing; 4 the run directory is busy (a stack
+already runs there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from redline.cli.common import RegionsOpt
+from redline.core.settings import SettingsError, load_settings
+from redline.devstack.config import ADAPTER_VERSIONS
+from redline.devstack.drills import DRILL_ORDER, DrillError, DrillResult, resolve_names, run_drills
+from redline.devstack.health import check_stack
+from redline.devstack.loadgen import LoadGenerator, LoadgenSettings, write_reference
+from redline.devstack.models import (
+    BaselineError,
+    create_snapshots,
+    describe,
+    record_baselines,
+    write_adapters,
+)
+from redline.devstack.report import TABLE_WIDTH, DrillBoard, build_table, render_json, write_json
+from redline.devstack.runtime import (
+    BinaryMissingError,
+    InterruptGuard,
+    PortInUseError,
+    Say,
+    StackError,
+    StackRunningError,
+    StackState,
+    UpOptions,
+    describe_urls,
+    interrupt_on_signals,
+    load_running,
+    part_alive,
+    start_stack,
+    state_json,
+    stop_stack,
+)
+
+out = Console(soft_wrap=True, highlight=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
+
+DEFAULT_RUN_DIR = Path(".redline/run")
+DEFAULT_ARTIFACT = Path(".redline/artifacts/drills.json")
+RunDirOpt = Annotated[
+    Path, typer.Option("--run-dir", help="Run directory (logs, config, data, state).")
+]
+SpecOpt = Annotated[
+    Path | None, typer.Option("--spec", help="Spec YAML file; the embedded default when omitted.")
+]
+
+
+_STARTED = time.monotonic()
+
+
+def _say(line: str) -> None:
+    err.print(f"[{time.monotonic() - _STARTED:5.1f} s] {line}", markup=False)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    for line in str(exc).splitlines():
+        err.print(line, markup=False)
+    if isinstance(exc, BinaryMissingError):
+        return typer.Exit(3)
+    if isinstance(exc, StackRunningError):
+        return typer.Exit(4)
+    if isinstance(exc, PortInUseError):
+        return typer.Exit(2)
+    return typer.Exit(1)
+
+
+def parse_ports(values: list[str] | None) -> dict[str, int]:
+    """`PART=PORT` options as a mapping; typer.BadParameter on a malformed one."""
+    ports: dict[str, int] = {}
+    for value in values or []:
+        part, sep, port = value.partition("=")
+        if not sep or not part or not port.isdigit() or not 0 < int(port) < 65536:
+            raise typer.BadParameter(
+                f"{value!r}: expected PART=PORT (1-65535)", param_hint="--port"
+            )
+        ports[part] = int(port)
+    return ports
+
+
+def _setup_models(state: StackState, say: Say) -> None:
+    layout = state.layout()
+    write_adapters(layout)
+    snapshots = create_snapshots(layout)
+    write_reference(layout.drift_reference, count=4000, seed=state.seed + 1000)
+    say(
+        f"snapshots: {', '.join(f'{s.version}={s.snapshot_id}' for s in snapshots)} "
+        f"(active {ADAPTER_VERSIONS[0]}); drift reference {layout.drift_reference.name}"
+    )
+
+
+def bring_up(options: UpOptions, guard: InterruptGuard | None = None) -> StackState:
+    """Start the stack, measuring the adapter versions' baselines before the load starts."""
+
+    def setup(state: StackState, say: Say) -> None:
+        _setup_models(state, say)
+
+    def baselines(state: StackState, say: Say) -> None:
+        endpoints = state.endpoints()
+        spec = state.load_spec()
+        say("measuring each adapter version's baselines through the gateway")
+        try:
+            measurements = record_baselines(
+                state.layout(),
+                endpoints.gateway_url,
+                list(endpoints.upstreams.values()),
+                spec.sources.histogram_buckets,
+                options.baseline_requests,
+            )
+        except BaselineError as exc:
+            raise StackError(f"baselines: {exc}") from None
+        for measurement in measurements:
+            say(describe(measurement))
+
+    return start_stack(options, _say, setup, baselines, guard)
+
+
+def print_urls(state: StackState) -> None:
+    """The table of where everything is."""
+    table = Table(title=f"redline local stack ({state.run_dir})", show_lines=False)
+    table.add_column("part")
+    table.add_column("where")
+    for what, where in describe_urls(state):
+        table.add_row(what, where)
+    out.print(table)
+
+
+def up(
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    spec: SpecOpt = None,
+    port: Annotated[
+        list[str] | None,
+        typer.Option("--port", help="PART=PORT to pin a part's port (repeatable)."),
+    ] = None,
+    rate: Annotated[
+        float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
+    ] = 50.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
+    regions: RegionsOpt = None,
+) -> None:
+    """Start the local stack (every part detached) and print where everything is."""
+    options = UpOptions(run_dir, spec, parse_ports(port), rate, seed, prometheus_regions=regions)
+    try:
+        with interrupt_on_signals() as guard:
+            state = bring_up(options, guard)
+    except StackError as exc:
+        raise _fail(exc) from None
+    print_urls(state)
+    out.print(f"stop it with: redline down --run-dir {run_dir}", markup=False)
+
+
+def down(run_dir: RunDirOpt = DEFAULT_RUN_DIR) -> None:
+    """Stop every process `redline up` started from this run directory (by pid)."""
+    try:
+        outcomes = stop_stack(run_dir, _say)
+    except StackError as exc:
+        raise _fail(exc) from None
+    stopped = sum(1 for o in outcomes.values() if o != "not running")
+    out.print(f"stopped {stopped} of {len(outcomes)} parts", markup=False)
+
+
+def status(
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the state and each part's health as JSON.")
+    ] = False,
+) -> None:
+    """Each part's process and health; exit 1 when one is down or unhealthy."""
+    try:
+        state = load_running(run_dir)
+    except StackError as exc:
+        raise _fail(exc) from None
+    health = check_stack(state)
+    healthy = all(item.healthy for item in health)
+    if as_json:
+        typer.echo(state_json(state, {item.name: vars(item) for item in health}))
+        if not healthy:
+            raise typer.Exit(1)
+        return
+    table = Table(title=f"redline stack in {state.run_dir}")
+    for column in ("part", "pid", "state", "health", "detail"):
+        table.add_column(column)
+    for item in health:
+        table.add_row(
+            item.name,
+            str(item.pid),
+            "running" if item.alive else "[red]stopped[/red]",
+            "[green]ok[/green]" if item.healthy else "[red]unhealthy[/red]",
+            item.detail,
+        )
+    out.print(table, width=None if out.is_terminal else TABLE_WIDTH)
+    if not healthy:
+        raise typer.Exit(1)
+
+
+def loadgen(
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Load generator settings YAML.")
+    ] = None,
+    gateway_url: Annotated[
+        str | None, typer.Option("--gateway-url", help="The gateway's base URL.")
+    ] = None,
+    rate: Annotated[float | None, typer.Option("--rate", help="Requests per second.")] = None,
+) -> None:
+    """Send realistic chat traffic through the gateway until SIGTERM/Ctrl-C."""
+    try:
+        settings = load_settings(LoadgenSettings, config, gateway_url=gateway_url, rate=rate)
+    except SettingsError as exc:
+        raise _fail(exc) from None
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await LoadGenerator(settings).run(stop)
+
+    asyncio.run(main())
+
+
+def register(app: typer.Typer) -> None:
+    """Add `up`, `down`, `status`, `drill` and the hidden `loadgen` to the main CLI."""
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)
+    app.command("drill")(drill)
+    app.command("loadgen", hidden=True)(loadgen)
+
+
+DRILL_HELP = "Drill name(s): all, " + ", ".join(DRILL_ORDER)
+
+
+def run_drills_live(
+    state: StackState, names: list[str], artifact: Path | None, as_json: bool = False
+) -> list[DrillResult]:
+    """Run drills with a live board on stderr; print the table; write the JSON results."""
+    spec = state.load_spec()
+    wanted = resolve_names(names)
+    board = DrillBoard(wanted)
+    if err.is_terminal:
+        with Live(board, console=err, refresh_per_second=4):
+            results = run_drills(wanted, state, spec, board.progress, board.done)
+    else:
+        printed: set[str] = set()
+
+        def plain(drill: str, message: str) -> None:
+            board.progress(drill, message)
+            key = f"{drill}:{message.split(' (')[0]}"
+            if key not in printed:
+                printed.add(key)
+                err.print(f"[{drill}] {message}", markup=False)
+
+        results = run_drills(wanted, state, spec, plain, board.done)
+    text = render_json(results, {"run_dir": state.run_dir, "rate": state.rate})
+    if as_json:
+        typer.echo(text)
+    else:
+        out.print(build_table(results), width=None if out.is_terminal else TABLE_WIDTH)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    write_json(state.layout().drills_dir / f"drills-{stamp}.json", text)
+    if artifact is not None:
+        write_json(artifact, text)
+        err.print(f"drill results written to {artifact}", markup=False)
+    for result in results:
+        for check in result.checks:
+            if not check.ok:
+                err.print(f"{result.drill}: check failed: {check.name}: {check.detail}",
+                          markup=False)  # fmt: skip
+        if result.error:
+            err.print(f"{result.drill}: {result.error}", markup=False)
+    return results
+
+
+def drill(
+    names: Annotated[list[str], typer.Argument(help=DRILL_HELP, show_default=False)],
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    json_out: Annotated[
+        Path | None, typer.Option("--json-out", help="Also write the results JSON here.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the results as JSON instead of the table.")
+    ] = False,
+) -> None:
+    """Inject a fault into the running stack and time detect, notify, remediate, recover."""
+    try:
+        resolve_names(names)
+        state = load_running(run_dir)
+    except (DrillError, StackError) as exc:
+        raise _fail(exc) from None
+    try:
+        results = run_drills_live(state, names, json_out, as_json)
+    except DrillError as exc:
+        raise _fail(exc) from None
+    if not all(result.ok for result in results):
+        raise typer.Exit(1)
+
+
+def run_demo(
+    run_dir: Path, spec: Path | None, once: bool, rate: float, regions: int | None = None
+) -> None:
+    """Stack up (or reuse the one running there) -> every drill -> timings -> URLs or down."""
+    try:
+        state = load_running(run_dir)
+        if state.status != "running" or not all(part_alive(p) for p in state.parts):
+            raise StackError("not running")
+        err.print(f"reusing the stack running in {run_dir}", markup=False)
+    except StackError:
+        try:
+            with interrupt_on_signals() as guard:
+                options = UpOptions(run_dir, spec, {}, rate, prometheus_regions=regions)
+                state = bring_up(options, guard)
+        except StackError as exc:
+            raise _fail(exc) from None
+    results = run_drills_live(state, ["all"], DEFAULT_ARTIFACT)
+    if once:
+        down(run_dir)
+    else:
+        print_urls(state)
+        out.print(
+            f"the stack keeps running; try `redline status --run-dir {run_dir}`, "
+            f"`redline drill latency --run-dir {run_dir}`; stop it with "
+            f"`redline down --run-dir {run_dir}`",
+            markup=False,
+        )
+    if not all(result.ok for result in results):
+        raise typer.Exit(1)

@@ -1,0 +1,1 @@
+"""Settings and other basics every layer may use."""

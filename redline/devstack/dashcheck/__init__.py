@@ -1,0 +1,1 @@
+"""Dashboard checks and previews: every panel query against a live Prometheus."""

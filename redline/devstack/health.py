@@ -1,0 +1,151 @@
+"""`redline status`: each part's process and health, checked the way it is used.
+
+HTTP parts answer their health endpoint; the index replicator must keep the replica's backlog
+fresh, the session replica its CDC RPO, the writers their streams moving, and the load generator
+its counters; Prometheus reports how many of its scrape targets are up.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import redis
+
+from redline.devstack.config import COLLECTION, INDEX_DIM, REPLICA_INDEX, StackLayout
+from redline.devstack.loadgen import summarize_stats
+from redline.devstack.runtime import PartState, StackState, part_alive
+from redline.platform.index import DeltaLog, parse_stream_id
+from redline.platform.sessions import (
+    DEFAULT_GROUP,
+    DEFAULT_STREAM,
+    CdcTargetError,
+    measure_cdc_rpo,
+    open_redis,
+    stream_id_ms,
+)
+
+FRESH_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class PartHealth:
+    """One part: running or not, healthy or not, and what was seen."""
+
+    name: str
+    pid: int
+    alive: bool
+    healthy: bool
+    detail: str
+
+
+class _Checker:
+    def __init__(self, state: StackState, http: httpx.Client, db: redis.Redis) -> None:
+        self.state = state
+        self.http = http
+        self.db = db
+        self.layout: StackLayout = state.layout()
+
+    def get(self, url: str) -> httpx.Response:
+        """GET with the checker's client."""
+        return self.http.get(url)
+
+    def check(self, part: PartState) -> tuple[bool, str]:
+        """Whether a running part is healthy, and what was seen."""
+        name = part.name
+        url = part.url or ""
+        if name == "redis":
+            return bool(self.db.ping()), "PONG"
+        if name.startswith("milvus-"):
+            with socket.create_connection((self.state.host, part.port or 0), timeout=1.0):
+                return True, f"gRPC port {part.port} open"
+        if name.startswith("prometheus"):
+            targets = self.get(f"{url}/api/v1/targets?state=active").json()["data"]
+            active = targets["activeTargets"]
+            up = sum(1 for t in active if t.get("health") == "up")
+            return up == len(active), f"{up}/{len(active)} scrape targets up"
+        if name == "alertmanager":
+            return self.get(f"{url}/-/ready").status_code == 200, "ready"
+        if name.startswith("simulator-"):
+            ok = self.get(f"{url}/healthz").status_code == 200
+            faults = self.get(f"{url}/admin/faults").json()
+            return ok, f"latency base {faults['latency']['base_seconds']:g} s, " + (
+                f"outage {faults['outage']}" if faults["outage"] != "none" else "no outage"
+            )
+        if name == "gateway":
+            return self.get(f"{url}/healthz").status_code == 200, "healthz 200"
+        if name == "exporters":
+            body = self.get(f"{url}/healthz").json()
+            ok = body["probes_ok"] == body["probes_total"]
+            return ok, f"{body['probes_ok']}/{body['probes_total']} probes ok"
+        if name == "remediation":
+            return self.get(f"{url}/readyz").status_code == 200, "ready (Redis reachable)"
+        if name == "replicator":
+            log = DeltaLog(self.db, COLLECTION, INDEX_DIM)
+            pending, oldest = log.pending(REPLICA_INDEX)
+            paused = log.is_paused(REPLICA_INDEX)
+            age = oldest or 0.0
+            ok = not paused and age < FRESH_SECONDS
+            return ok, f"{pending} pending (oldest {age:.1f} s)" + (", PAUSED" if paused else "")
+        if name == "session-replica":
+            client = open_redis(self.state.endpoints().redis_url, timeout_seconds=2.0)
+            try:
+                lag = measure_cdc_rpo(client, DEFAULT_STREAM, DEFAULT_GROUP)
+            except CdcTargetError as exc:
+                return False, str(exc)
+            finally:
+                client.close()
+            limit = self.state.load_spec().rpo.session_state.max_seconds
+            return lag.rpo_seconds <= limit, f"CDC RPO {lag.rpo_seconds:.2f} s (max {limit:g})"
+        if name == "session-writer":
+            return self._stream_fresh(DEFAULT_STREAM, lambda i: stream_id_ms(i) / 1000)
+        if name == "index-writer":
+            key = DeltaLog(self.db, COLLECTION, INDEX_DIM).stream_key
+            return self._stream_fresh(key, lambda i: parse_stream_id(i)[0] / 1000)
+        if name == "loadgen":
+            stats = summarize_stats(self.layout.loadgen_stats)
+            if stats is None:
+                return False, "no counters written yet"
+            age = time.time() - float(stats["updated_at"])
+            p99 = stats["recent_seconds"]["p99"]
+            return age < FRESH_SECONDS, (
+                f"{stats['recent_rate']:.1f} req/s, p99 {p99 or 0:.3f} s, "
+                f"{stats['completed']} done, {stats['failed']} failed"
+            )
+        return True, "running"
+
+    def _stream_fresh(self, key: str, seconds: Callable[[str], float]) -> tuple[bool, str]:
+        entries = self.db.xrevrange(key, count=1)
+        if not entries:
+            return False, f"{key}: no entries yet"
+        raw = entries[0][0]
+        entry_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+        age = time.time() - seconds(entry_id)
+        return age < FRESH_SECONDS, f"last write {age:.1f} s ago"
+
+
+def check_stack(state: StackState) -> list[PartHealth]:
+    """Every part's health, in start order."""
+    endpoints = state.endpoints()
+    results = []
+    with httpx.Client(timeout=2.0, trust_env=False) as http:
+        db = redis.Redis.from_url(
+            endpoints.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+        )
+        try:
+            checker = _Checker(state, http, db)
+            for part in state.parts:
+                if not part_alive(part):
+                    results.append(PartHealth(part.name, part.pid, False, False, "not running"))
+                    continue
+                try:
+                    healthy, detail = checker.check(part)
+                except (httpx.HTTPError, redis.RedisError, OSError, KeyError, ValueError) as exc:
+                    healthy, detail = False, f"{type(exc).__name__}: {exc}"
+                results.append(PartHealth(part.name, part.pid, True, healthy, detail))
+        finally:
+            db.close()
+    return results

@@ -1,0 +1,1 @@
+"""Sample series and data for the local stack, the dashboard checks and the report examples."""

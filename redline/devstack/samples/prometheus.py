@@ -1,0 +1,171 @@
+"""A real Prometheus holding hours of sample series, for the dashboard checks and the README's
+picture: the catalog's series backfilled with `promtool tsdb create-blocks-from openmetrics`,
+the recording rules backfilled over the same range with `promtool tsdb create-blocks-from
+rules`, and the generated rule file loaded so recording and alerting go on live."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from redline.devstack.processes import Service, find_binary, start_prometheus
+from redline.devstack.samples.dashboards import build_sample_openmetrics
+from redline.rules.build import build_rule_groups
+from redline.rules.model import RuleGroup, format_duration
+from redline.rules.render import render_rule_file, render_yaml
+from redline.slo.spec import Spec
+
+RECORD_PREFIX = "redline:"
+
+
+class BackfillError(Exception):
+    """promtool could not create the blocks."""
+
+
+@dataclass
+class SamplePrometheus:
+    """The running Prometheus and the time range its sample series cover."""
+
+    service: Service
+    start: float
+    end: float
+    rule_file: Path
+
+    def stop(self) -> None:
+        """Stop the Prometheus process."""
+        self.service.stop()
+
+
+def build_backfill_groups(spec: Spec, step: float) -> tuple[list[RuleGroup], list[RuleGroup]]:
+    """The recording rules in two passes: those over raw series, then those over recorded ones
+    (promtool backfills each rule from the data already in Prometheus)."""
+    first: list[RuleGroup] = []
+    second: list[RuleGroup] = []
+    for group in build_rule_groups(spec):
+        raw = tuple(r for r in group.recordings if RECORD_PREFIX not in r.expr)
+        derived = tuple(r for r in group.recordings if RECORD_PREFIX in r.expr)
+        if raw:
+            first.append(RuleGroup(group.name, step, raw))
+        if derived:
+            second.append(RuleGroup(group.name, step, derived))
+    return first, second
+
+
+def build_prometheus_config(spec: Spec, rule_file: Path) -> dict[str, object]:
+    """A Prometheus config that scrapes itself and evaluates `rule_file` at the spec's pace."""
+    timing = spec.timing
+    return {
+        "global": {
+            "scrape_interval": format_duration(timing.scrape_interval_seconds),
+            "evaluation_interval": format_duration(timing.evaluation_interval_seconds),
+        },
+        "rule_files": [str(rule_file)],
+    }
+
+
+def _run(argv: list[str]) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BackfillError(f"{' '.join(argv[:4])} failed:\n{result.stdout}\n{result.stderr}")
+
+
+def _move_blocks(source: Path, data: Path) -> None:
+    for block in sorted(source.iterdir()):
+        if block.is_dir():
+            shutil.move(str(block), data / block.name)
+
+
+def start_sample_prometheus(
+    workdir: Path, spec: Spec, hours: float = 3.0, step: float = 30.0, end: float | None = None
+) -> SamplePrometheus:
+    """Backfill `hours` of sample series ending at `end` (now) and start Prometheus on them."""
+    promtool = find_binary("promtool")
+    workdir.mkdir(parents=True, exist_ok=True)
+    end = float(end if end is not None else time.time() // step * step)
+    start = end - hours * 3600
+    sample = workdir / "sample.om"
+    sample.write_text(build_sample_openmetrics(spec, start, end, step), "utf-8")
+    data = workdir / "data"
+    _run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(sample), str(data)])
+    sample.unlink()
+    rule_file = workdir / "redline.rules.yml"
+    rule_file.write_text(render_rule_file(build_rule_groups(spec), "sample"), "utf-8")
+    config = workdir / "prometheus.yml"
+    config.write_text(render_yaml(build_prometheus_config(spec, rule_file), "sample"), "utf-8")
+    service = start_prometheus(workdir, config)
+    try:
+        for index, groups in enumerate(build_backfill_groups(spec, step)):
+            if not groups:
+                continue
+            rules = workdir / f"backfill-{index}.rules.yml"
+            rules.write_text(render_rule_file(groups, "sample"), "utf-8")
+            blocks = workdir / f"backfill-{index}"
+            _run([
+                promtool, "tsdb", "create-blocks-from", "rules", "-q",
+                f"--url={service.url}", f"--start={int(start)}", f"--end={int(end)}",
+                f"--output-dir={blocks}", str(rules),
+            ])  # fmt: skip
+            service.stop()
+            _move_blocks(blocks, data)
+            service = start_prometheus(workdir, config, port=service.port)
+    except BaseException:
+        service.stop()
+        raise
+    return SamplePrometheus(service, start, end, rule_file)
+
+
+def render_preview(
+    workdir: Path, spec: Spec, dashboard_file: Path, out: Path, hours: float = 3.0
+) -> list[str]:
+    """Draw `dashboard_file` from the sample Prometheus into `out`; return empty panels' titles."""
+    import json
+
+    import httpx
+
+    from redline.dashboards.queries import GrafanaContext, variable_queries
+    from redline.devstack.dashcheck.preview import fetch_annotation_spans, fetch_panels, render_png
+
+    dashboard = json.loads(dashboard_file.read_text("utf-8"))
+    sample = start_sample_prometheus(workdir, spec, hours=hours)
+    try:
+        with httpx.Client(base_url=sample.service.url, timeout=30) as client:
+            values: dict[str, list[str]] = {}
+            for variable in variable_queries(dashboard):
+                params: dict[str, str | float] = {"start": sample.start, "end": sample.end}
+                if variable.match:
+                    params["match[]"] = variable.match
+                body = client.get(f"/api/v1/label/{variable.label}/values", params=params).json()
+                values[variable.name] = sorted(body["data"])
+            context = GrafanaContext(
+                sample.start, sample.end, spec.timing.scrape_interval_seconds, values, 240
+            )
+            panels = fetch_panels(client, dashboard, context)
+            annotations = [a for a in dashboard["annotations"]["list"] if "expr" in a]
+            spans = fetch_annotation_spans(client, annotations[0]["expr"], context)
+    finally:
+        sample.stop()
+    render_png(dashboard["title"], panels, spans, out)
+    return [p.panel["title"] for p in panels if p.panel["type"] != "row" and not p.series]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m redline.devstack.samples.prometheus DASHBOARD.json OUT.png`: README picture."""
+    import argparse
+    import tempfile
+
+    from redline.slo.load import load_spec
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("dashboard", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="redline-preview-") as tmp:
+        empty = render_preview(Path(tmp), load_spec().spec, args.dashboard, args.out)
+    print(f"{args.out}: written" + (f"; panels without data: {empty}" if empty else ""))
+
+
+if __name__ == "__main__":
+    main()

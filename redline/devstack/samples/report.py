@@ -1,0 +1,294 @@
+"""A deterministic month of platform series with known incidents, for demos, tests and benches.
+
+`build_sample()` makes the series (counters as cumulative totals, gauges, firing `ALERTS`) at a
+fixed resolution, `write_openmetrics()` writes them as OpenMetrics text, and `backfill()` turns
+that into TSDB blocks with `promtool tsdb create-blocks-from openmetrics`, to be placed in a
+Prometheus data directory before Prometheus starts. The injected incidents are kept as plain
+data so a test can compute every expected number from them independently of Prometheus.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from redline.devstack.processes import ServiceError, find_binary
+
+SAMPLE_START = int(datetime(2025, 3, 1, tzinfo=UTC).timestamp())
+SAMPLE_DAYS = 30
+SAMPLE_STEP = 60
+MINUTE = 60
+
+
+def ts(text: str) -> int:
+    """Epoch seconds of a `YYYY-MM-DDTHH:MM` UTC time."""
+    return int(datetime.strptime(text, "%Y-%m-%dT%H:%M").replace(tzinfo=UTC).timestamp())
+
+
+@dataclass(frozen=True)
+class InjectedAlert:
+    """An alert written as firing from `start` for `seconds` (samples every step)."""
+
+    labels: tuple[tuple[str, str], ...]
+    start: int
+    seconds: int
+
+    @property
+    def name(self) -> str:
+        """The alertname."""
+        return dict(self.labels)["alertname"]
+
+
+@dataclass(frozen=True)
+class RemediationRun:
+    """A playbook run counted at `at`."""
+
+    playbook: str
+    outcome: str
+    at: int
+    seconds: float
+
+
+@dataclass
+class Sample:
+    """Every series of the sample: name -> list of (labels, values at each timestamp)."""
+
+    start: int
+    step: int
+    count: int
+    series: dict[str, list[tuple[dict[str, str], np.ndarray]]] = field(default_factory=dict)
+    alerts: list[InjectedAlert] = field(default_factory=list)
+    runs: list[RemediationRun] = field(default_factory=list)
+
+    @property
+    def times(self) -> np.ndarray:
+        """Sample timestamps."""
+        return self.start + self.step * np.arange(self.count, dtype=np.int64)
+
+    @property
+    def end(self) -> int:
+        """The last timestamp."""
+        return self.start + self.step * (self.count - 1)
+
+    def add(self, name: str, labels: dict[str, str], values: np.ndarray) -> None:
+        """Add one series."""
+        self.series.setdefault(name, []).append((labels, values))
+
+    def values(self, name: str, **labels: str) -> np.ndarray:
+        """Sum of the series of `name` whose labels include `labels`."""
+        picked = [
+            v for lab, v in self.series[name] if all(lab.get(k) == x for k, x in labels.items())
+        ]
+        if not picked:
+            raise KeyError(f"{name}{labels}")
+        total: np.ndarray = np.sum(picked, axis=0)
+        return total
+
+    def mask(self, start: int, seconds: int) -> np.ndarray:
+        """True at the timestamps in [start, start + seconds)."""
+        t = self.times
+        return (t >= start) & (t < start + seconds)
+
+
+LATENCY = (ts("2025-03-03T10:00"), 45 * MINUTE)  # 40 % of primary's requests slower than 0.8 s
+LATENCY_PREVIOUS_WEEK = (ts("2025-03-18T09:00"), 20 * MINUTE)  # 5 % slow in both regions
+ERRORS = (ts("2025-03-12T14:30"), 40 * MINUTE)  # 5 % errors
+STALENESS = (ts("2025-03-20T02:00"), 25 * MINUTE)  # replica 30 s behind
+KEEPALIVE = (ts("2025-03-08T16:00"), 10 * MINUTE)  # context TTL falls to 120 s
+SESSION_RPO = (ts("2025-03-25T08:00"), 5 * MINUTE)  # CDC 7 s behind
+LORA_STALL = (ts("2025-03-15T12:00"), 10 * MINUTE)  # no checkpoint
+DRIFT = (ts("2025-03-27T00:00"), 3 * 3600)  # MMD score 0.03 over a 0.01 threshold
+PROBE_DOWN = (ts("2025-03-05T07:00"), 5 * MINUTE)  # secondary healthz failing
+
+BUCKETS = ("0.4", "0.8", "1.5", "+Inf")
+REGIONS = ("primary", "secondary")
+
+
+def _alert(start: int, seconds: int, **labels: str) -> InjectedAlert:
+    return InjectedAlert(tuple(sorted({"alertstate": "firing", **labels}.items())), start, seconds)
+
+
+def build_sample(
+    start: int = SAMPLE_START, days: int = SAMPLE_DAYS, step: int = SAMPLE_STEP, seed: int = 7
+) -> Sample:
+    """The sample month: steady traffic with small noise and the incidents above."""
+    rng = np.random.default_rng(seed)
+    count = days * 86400 // step + 1
+    sample = Sample(start, step, count)
+    per_step = step / MINUTE
+    for region in REGIONS:
+        requests = np.round(rng.integers(270, 331, count) * per_step).astype(np.int64)
+        requests[0] = 0
+        slow = rng.binomial(requests, 0.001)
+        errors = rng.binomial(requests, 0.0002)
+        if region == "primary":
+            m = sample.mask(*LATENCY)
+            slow[m] = np.round(requests[m] * 0.4).astype(np.int64)
+        m = sample.mask(*LATENCY_PREVIOUS_WEEK)
+        slow[m] = np.round(requests[m] * 0.05).astype(np.int64)
+        m = sample.mask(*ERRORS)
+        errors[m] = np.round(requests[m] * 0.05).astype(np.int64)
+        # A counter's value at t counts the requests of (t - step, t].
+        fast = requests - slow
+        le04 = np.round(fast * 0.8).astype(np.int64)
+        cum = {
+            "0.4": np.cumsum(le04),
+            "0.8": np.cumsum(fast),
+            "1.5": np.cumsum(fast + np.round(slow * 0.9).astype(np.int64)),
+            "+Inf": np.cumsum(requests),
+        }
+        for le in BUCKETS:
+            sample.add("llm_request_duration_seconds_bucket", {"region": region, "le": le}, cum[le])
+        sample.add("llm_request_duration_seconds_count", {"region": region}, cum["+Inf"])
+        sample.add(
+            "llm_request_duration_seconds_sum",
+            {"region": region},
+            np.cumsum(le04 * 0.25 + (fast - le04) * 0.6 + slow * 1.2),
+        )
+        sample.add("llm_requests_total", {"region": region}, np.cumsum(requests))
+        sample.add("llm_request_errors_total", {"region": region}, np.cumsum(errors))
+        for probe in ("healthz", "chat_dry_run"):
+            ok = np.ones(count)
+            if region == "secondary" and probe == "healthz":
+                ok[sample.mask(*PROBE_DOWN)] = 0
+            sample.add("llm_probe_success", {"region": region, "probe": probe}, ok)
+
+    staleness = rng.uniform(0.5, 3.0, count)
+    staleness[sample.mask(*STALENESS)] = 30.0
+    sample.add(
+        "vectordb_index_staleness_seconds",
+        {"collection": "documents", "replica": "secondary"},
+        staleness,
+    )
+    sample.add(
+        "vectordb_delta_log_oldest_pending_age_seconds",
+        {"collection": "documents"},
+        rng.uniform(0.0, 4.0, count),
+    )
+    cdc = rng.uniform(0.05, 0.8, count)
+    cdc[sample.mask(*SESSION_RPO)] = 7.0
+    sample.add("session_cdc_rpo_seconds", {"stream": "sessions", "group": "replica"}, cdc)
+    ttl = np.full(count, 600.0)
+    ttl[sample.mask(*KEEPALIVE)] = 120.0
+    sample.add("session_context_ttl_seconds", {}, ttl)
+    sample.add("session_keepalive_probe_success", {}, np.ones(count))
+    sample.add("session_context_evicted_total", {}, np.zeros(count))
+    # A checkpoint every step, 20 s before the sample; none while stalled.
+    times = sample.times.astype(np.float64)
+    checkpoint = times - 20
+    stall = sample.mask(*LORA_STALL)
+    checkpoint[stall] = LORA_STALL[0] - 20
+    sample.add(
+        "model_checkpoint_last_success_timestamp_seconds", {"adapter": "support-bot"}, checkpoint
+    )
+    drift = rng.uniform(0.001, 0.006, count)
+    drift[sample.mask(*DRIFT)] = 0.03
+    labels = {"collection": "documents", "method": "mmd"}
+    sample.add("embedding_drift_score", labels, drift)
+    sample.add("embedding_drift_threshold", labels, np.full(count, 0.01))
+    sample.add(
+        "llm_eval_requests_total",
+        {"model": "chat", "model_version": "v7"},
+        np.cumsum(np.full(count, 10)),
+    )
+    # Drains happened (recoverable interruptions, resumed elsewhere) and none failed a client.
+    interrupted = np.cumsum(rng.poisson(0.01, count).astype(float))
+    sample.add("llm_spot_interrupted_requests_total", {"recoverable": "true"}, interrupted)
+    sample.add("llm_spot_interrupted_requests_total", {"recoverable": "false"}, np.zeros(count))
+
+    sample.runs = [
+        RemediationRun("reroute", "succeeded", LATENCY[0] + 3 * MINUTE, 12.0),
+        RemediationRun("reroute", "failed", LATENCY_PREVIOUS_WEEK[0] + 5 * MINUTE, 30.0),
+        RemediationRun("freeze_and_replay", "succeeded", STALENESS[0] + 2 * MINUTE, 95.0),
+    ]
+    for playbook, outcome in sorted({(r.playbook, r.outcome) for r in sample.runs}):
+        counts = np.zeros(count)
+        for run in sample.runs:
+            if (run.playbook, run.outcome) == (playbook, outcome):
+                counts[sample.times >= run.at] += 1
+        sample.add(
+            "redline_remediation_runs_total", {"playbook": playbook, "outcome": outcome}, counts
+        )
+    for playbook in sorted({r.playbook for r in sample.runs}):
+        total = np.zeros(count)
+        seconds = np.zeros(count)
+        for run in sample.runs:
+            if run.playbook == playbook:
+                total[sample.times >= run.at] += 1
+                seconds[sample.times >= run.at] += run.seconds
+        sample.add("redline_remediation_duration_seconds_count", {"playbook": playbook}, total)
+        sample.add("redline_remediation_duration_seconds_sum", {"playbook": playbook}, seconds)
+
+    sample.alerts = [
+        _alert(LATENCY[0] + 2 * MINUTE, 47 * MINUTE, alertname="RedLineLatencyP99",
+               severity="critical", red_line="latency_p99", region="primary", playbook="reroute"),
+        _alert(LATENCY[0] + 5 * MINUTE, 85 * MINUTE, alertname="LatencyErrorBudgetBurn",
+               severity="page", slo="latency"),
+        _alert(ERRORS[0] + 3 * MINUTE, 67 * MINUTE, alertname="AvailabilityErrorBudgetBurn",
+               severity="page", slo="availability"),
+        _alert(KEEPALIVE[0] + MINUTE, 9 * MINUTE, alertname="RedLineContextKeepalive",
+               severity="critical", red_line="context_keepalive"),
+        _alert(LORA_STALL[0] + 2 * MINUTE, 9 * MINUTE, alertname="LoRACheckpointRPOBreach",
+               severity="critical", rpo="lora_adapter", adapter="support-bot"),
+        _alert(STALENESS[0] + MINUTE, 24 * MINUTE, alertname="RedLineIndexStaleness",
+               severity="critical", red_line="index_consistency", collection="documents",
+               replica="secondary", playbook="freeze_and_replay"),
+        _alert(SESSION_RPO[0], 5 * MINUTE, alertname="SessionRPOBreach", severity="critical",
+               rpo="session_state", stream="sessions", group="replica"),
+        _alert(DRIFT[0] + 5 * MINUTE, 175 * MINUTE, alertname="EmbeddingDrift",
+               severity="warning", collection="documents", method="mmd"),
+    ]  # fmt: skip
+    return sample
+
+
+def _labels(labels: dict[str, str] | tuple[tuple[str, str], ...]) -> str:
+    items = labels.items() if isinstance(labels, dict) else labels
+    inner = ",".join(f'{k}="{v}"' for k, v in items)
+    return f"{{{inner}}}" if inner else ""
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def render_openmetrics(sample: Sample) -> Iterator[str]:
+    """The sample as OpenMetrics text lines (untyped samples with timestamps, then `# EOF`)."""
+    times = [str(t) for t in sample.times.tolist()]
+    for name, entries in sample.series.items():
+        for labels, values in entries:
+            prefix = name + _labels(labels) + " "
+            yield "".join(
+                f"{prefix}{_number(v)} {t}\n" for v, t in zip(values.tolist(), times, strict=True)
+            )
+    for alert in sample.alerts:
+        prefix = "ALERTS" + _labels(alert.labels) + " 1 "
+        stamps = range(alert.start, alert.start + alert.seconds, sample.step)
+        yield "".join(f"{prefix}{t}\n" for t in stamps)
+    yield "# EOF\n"
+
+
+def write_openmetrics(sample: Sample, path: Path) -> Path:
+    """Write the OpenMetrics file."""
+    with path.open("w", encoding="utf-8") as out:
+        for chunk in render_openmetrics(sample):
+            out.write(chunk)
+    return path
+
+
+def backfill(openmetrics: Path, data_dir: Path, timeout: float = 120.0) -> None:
+    """Create TSDB blocks from an OpenMetrics file into a (stopped) Prometheus data dir."""
+    promtool = find_binary("promtool")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    # Large blocks: with the default 2 h blocks promtool rereads the input once per block.
+    argv = [
+        promtool, "tsdb", "create-blocks-from", "openmetrics", "--quiet",
+        "--max-block-duration=1458h", str(openmetrics), str(data_dir),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise ServiceError(f"promtool backfill failed ({done.returncode}): {done.stderr[-2000:]}")

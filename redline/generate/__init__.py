@@ -1,0 +1,1 @@
+"""Everything `redline generate` writes from the spec: rules, tests, routes, dashboards, compose."""

@@ -1,0 +1,287 @@
+"""The spot agent and `spot_drain` over real HTTP: an observe-only agent stores a GCP notice, the
+alert reaches the real receiver, the real worker drains the node through the gateway, waits for
+the replacement's readiness and reopens it; the manual trigger and the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from redline.agents.spot import SpotAgentSettings, SpotStateStore, build_agent_app
+from redline.cli import app as cli_app
+from redline.devstack.fakes.metadata_server import MetadataSettings, build_metadata_app
+from redline.devstack.fakes.simulator import (
+    ServerThread,
+    SimulatorSettings,
+    build_answer,
+    build_simulator_app,
+    serve_in_thread,
+)
+from redline.devstack.processes import free_port
+from redline.gateway import GatewaySettings, build_gateway_app
+from redline.platform.routing import RoutingStore
+from redline.platform.spot import RESUME_HEADER, NodeState, parse_spot_error, scale_spot
+from redline.slo.load import load_spec
+from tests.support.playbook import playbook_settings, records, run_jobs
+from tests.support.remediation import alert, wait_for
+
+pytestmark = pytest.mark.integration
+
+BASE = "redline-base"
+SCALE = 0.1  # GCP: a 3 s window, a 1.3 s budget
+
+
+@dataclass
+class Fleet:
+    sims: dict[str, ServerThread]
+    gateway: ServerThread
+    metadata: ServerThread
+    agent: ServerThread
+    client: httpx.Client
+
+    def metric(self, name: str) -> float | None:
+        text = self.client.get(f"{self.agent.url}/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    return float(sample.value)
+        return None
+
+    def state(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.client.get(f"{self.agent.url}/state").json()
+        return data
+
+    def replace_spot(self) -> None:
+        """The node's replacement: a new instance on its address."""
+        port = self.sims["spot-a"].port
+        self.sims["spot-a"].stop()
+        app = build_simulator_app(SimulatorSettings(region="spot-a", seed=9))
+        self.sims["spot-a"] = serve_in_thread(app, port=port)
+
+
+def agent_settings(redis_url: str, **values: Any) -> SpotAgentSettings:
+    return SpotAgentSettings.model_validate(
+        {
+            "redis_url": redis_url,
+            "node": "spot-a",
+            "model": BASE,
+            "time_scale": SCALE,
+            "gcp_wait_seconds": 2.0,
+            "poll_interval_seconds": 0.1,
+            "flow_poll_seconds": 0.05,
+            **values,
+        }  # fmt: skip
+    )
+
+
+@pytest.fixture()
+def fleet(redis_url: str) -> Iterator[Fleet]:
+    sims = {
+        node: serve_in_thread(build_simulator_app(SimulatorSettings(region=node, seed=i)))
+        for i, node in enumerate(("spot-a", "ondemand"))
+    }
+    for server in sims.values():
+        httpx.post(f"{server.url}/admin/faults", json={"tokens_per_second": 50}).raise_for_status()
+    gateway = serve_in_thread(
+        build_gateway_app(
+            GatewaySettings(
+                upstreams={n: s.url for n, s in sims.items()},
+                redis_url=redis_url,
+                routing_refresh_seconds=0.1,
+            ),
+            load_spec().spec,
+        )
+    )
+    metadata = serve_in_thread(build_metadata_app(MetadataSettings(provider="gcp")))
+    settings = agent_settings(
+        redis_url,
+        provider="gcp",
+        metadata_url=metadata.url,
+        upstream_url=sims["spot-a"].url,
+        gateway_urls=[gateway.url],
+        act=False,
+    )
+    agent = serve_in_thread(build_agent_app(settings, scale_spot(load_spec().spec.spot, SCALE)))
+    client = httpx.Client(timeout=15.0, trust_env=False)
+    yield Fleet(sims, gateway, metadata, agent, client)
+    client.close()
+    for server in (agent, metadata, gateway, *sims.values()):
+        server.stop()
+
+
+def test_spot_drain_playbook_drains_waits_for_the_replacement_and_reopens(
+    redis_url: str, fleet: Fleet
+) -> None:
+    prompt = "a long answer the playbook interrupts"
+    body = {"model": BASE, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 200, "stream": True}  # fmt: skip
+    streamed: list[str] = []
+
+    def client() -> None:
+        with fleet.client.stream(
+            "POST", f"{fleet.gateway.url}/v1/chat/completions", json=body
+        ) as response:
+            streamed.extend(line[6:] for line in response.iter_lines() if line.startswith("data:"))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    time.sleep(0.5)
+    fleet.client.post(f"{fleet.metadata.url}/admin/notice", json={"in_seconds": 3})
+    # The agent only observes (act: false): the notice is pending until someone drains it.
+    wait_for(lambda: fleet.metric("llm_spot_notice_pending") == 1.0, timeout=5, what="pending")
+    assert fleet.state()["state"] == "ready"
+    settings = playbook_settings(
+        redis_url,
+        serving={"gateway_url": fleet.gateway.url, "upstreams": {
+            n: s.url for n, s in fleet.sims.items()}, "probe_model": BASE},
+        playbook_options={"spot_drain": {"time_scale": SCALE, "poll_seconds": 0.05,
+                                         "readiness_timeout_seconds": 20}},
+    )  # fmt: skip
+    replacer = threading.Timer(3.5, fleet.replace_spot)  # the node goes, a new one boots
+    replacer.start()
+    start = datetime.now(UTC) - timedelta(seconds=1)
+    labels = {"alertname": "SpotPreemptionNotice", "node": "spot-a", "provider": "gcp"}
+    [job] = run_jobs(
+        settings, alert("5a00000000000001", playbook="spot_drain", starts_at=start, labels=labels)
+    )
+    replacer.join()
+    thread.join(10)
+    assert job.status == "succeeded", job.error
+    assert [s["name"] for s in job.plan or []] == ["drain", "wait_drained", "recover"]
+    [triage] = records(job, "triage")
+    (report,) = triage["data"]["reports"]
+    assert [d["action"] for d in report["decisions"]] == ["abort"]  # 180 tokens do not fit 1.1 s
+    verify = next(s for s in job.steps if s["phase"] == "verify")
+    assert verify["ok"] and verify["data"]["replacement_latency"] > 0
+    store = SpotStateStore(redis.Redis.from_url(redis_url))
+    record = store.get("spot-a")
+    store.close()
+    assert record.state is NodeState.RECOVERED
+    assert record.notice_to_draining is not None and record.budget_seconds == pytest.approx(1.3)
+    routing = RoutingStore(redis.Redis.from_url(redis_url))
+    assert routing.get_admission("spot-a").open
+    routing.close()
+    assert fleet.metric("llm_spot_notice_pending") == 0.0
+    assert fleet.metric("llm_node_state") is not None
+    # The client's stream ended with the contract's event; its retry resumes elsewhere.
+    error = json.loads(next(e for e in streamed if e.startswith('{"error"')))
+    info = parse_spot_error(error)
+    assert info is not None and info.recoverable
+    prefix = "".join(
+        (json.loads(e)["choices"][0]["delta"].get("content") or "")
+        for e in streamed
+        if e.startswith('{"id"') and json.loads(e)["choices"]
+    )
+    retry = fleet.client.post(
+        f"{fleet.gateway.url}/v1/chat/completions",
+        json=body,
+        headers={RESUME_HEADER: info.request_id},
+    )
+    rest = "".join(
+        (json.loads(line[6:])["choices"][0]["delta"].get("content") or "")
+        for line in retry.text.splitlines()
+        if line.startswith('data: {"id"') and json.loads(line[6:])["choices"]
+    )
+    assert prefix + rest == " ".join(build_answer(prompt, BASE, 200, False)[0])
+
+
+def test_the_agent_acts_on_a_manual_trigger_from_the_cli(redis_url: str, tmp_path: Path) -> None:
+    sims = {
+        node: serve_in_thread(build_simulator_app(SimulatorSettings(region=node, seed=i)))
+        for i, node in enumerate(("spot-a", "ondemand"))
+    }
+    gateway = serve_in_thread(
+        build_gateway_app(
+            GatewaySettings(upstreams={n: s.url for n, s in sims.items()}, redis_url=redis_url),
+            load_spec().spec,
+        )
+    )
+    settings = agent_settings(
+        redis_url, provider="manual", upstream_url=sims["spot-a"].url, gateway_urls=[gateway.url]
+    )
+    agent = serve_in_thread(build_agent_app(settings, scale_spot(load_spec().spec.spot, SCALE)))
+    runner = CliRunner()
+    try:
+        result = runner.invoke(
+            cli_app, ["spot-agent", "trigger", "--agent-url", agent.url, "--in-seconds", "2"]
+        )
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["node"] == "spot-a"
+
+        def state() -> str:
+            return str(httpx.get(f"{agent.url}/state").json()["state"])
+
+        wait_for(lambda: state() == "terminating", timeout=10, what="terminating")
+        assert httpx.get(f"{gateway.url}/healthz").json()["draining"] == ["spot-a"]
+        port = sims["spot-a"].port
+        sims["spot-a"].stop()  # gone; a new instance takes its place
+        sims["spot-a"] = serve_in_thread(build_simulator_app(SimulatorSettings(region="spot-a")),
+                                         port=port)  # fmt: skip
+        wait_for(lambda: state() == "recovered", timeout=15, what="recovered")
+        assert httpx.get(f"{gateway.url}/healthz").json()["draining"] == []
+        status = runner.invoke(
+            cli_app, ["spot-agent", "status", "--node", "spot-a", "--redis-url", redis_url]
+        )
+        assert status.exit_code == 0, status.output
+        line = json.loads(status.output)
+        assert line["state"] == "recovered" and line["provider"] == "manual"
+        metrics = httpx.get(f"{agent.url}/metrics").text
+        assert 'llm_node_state{node="spot-a",state="recovered"} 1.0' in metrics
+        assert 'llm_spot_notice_to_draining_seconds_count{node="spot-a",provider="manual"} 1.0' in (
+            metrics
+        )
+        assert "llm_spot_replacement_ready_latency_seconds" in metrics
+        checked = subprocess.run(
+            ["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        bad = runner.invoke(cli_app, ["spot-agent", "trigger", "--agent-url", agent.url,
+                                      "--in-seconds", "-1"])  # fmt: skip
+        assert bad.exit_code == 1 and "422" in bad.output
+    finally:
+        for server in (agent, gateway, *sims.values()):
+            server.stop()
+
+
+def test_cli_rejects_bad_agent_settings_and_serves_metadata(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(cli_app, ["spot-agent", "run", "--provider", "aws"])
+    assert missing.exit_code == 2 and "node: required" in missing.output
+    wrong = runner.invoke(cli_app, ["spot-agent", "run", "--node", "a", "--provider", "azure"])
+    assert wrong.exit_code == 2 and "provider" in wrong.output
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "redline.cli", "simulate", "metadata", "--provider", "gcp",
+         "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}/computeMetadata/v1/instance/preempted"
+
+        def answer() -> httpx.Response | None:
+            try:
+                return httpx.get(url, headers={"Metadata-Flavor": "Google"}, timeout=0.5)
+            except httpx.HTTPError:
+                return None
+
+        response = wait_for(answer, timeout=20, what="metadata server")
+        assert response.text == "FALSE"
+        assert httpx.get(url).status_code == 403
+    finally:
+        process.terminate()
+        process.wait(10)
