@@ -1,25 +1,19 @@
-"""The spot agent: one per spot node; notice -> admission closed -> triage -> drained ->
-replacement ready, with the node's state in Redis and its series on `/metrics`.
+"""The spot agent: one per spot node; it watches the node's notice sources (AWS, GCP, manual) in
+threads and runs the drain flow (`redline.platform.spot.SpotDrainFlow`: notice -> admission
+closed -> triage -> drained -> replacement ready) for every interruption, with the node's state in
+Redis and its series on `/metrics`.
 
-Parts, each usable alone (the `spot_drain` playbook drives the same `SpotDrainFlow`):
-
-- `SpotStateStore`: the node's `NodeRecord` in Redis (`<prefix>:node:<node>`), so the agent of a
-  replacement (or the playbook) continues where the preempted node's agent stopped;
-- `GatewayAdmin`: the gateways' `/admin/spot` API (drain, in-flight count, release);
-- `ReadinessGate`: a replacement is ready only when `/healthz` answers 200 from a new instance
-  (its `x-redline-instance` differs from the preempted one's, when the server names instances),
-  `/v1/models` lists the model, and a one-token dummy inference succeeds;
-- `SpotDrainFlow`: `drain(notice)` (READY/RECOVERED -> DRAINING: close admission in the routing
-  store, drain every gateway), `wait_drained` (-> TERMINATING when nothing is in flight or the
-  budget is spent), `recover` (-> RECOVERED once the gate passes: admission opens again);
-- `SpotAgent`: watches its notice sources (AWS, GCP, manual) in threads and runs the flow;
+- `SpotAgentSettings`: the settings of `redline spot-agent run`;
+- `SpotAgentMetrics`: the agent's series (below);
+- `SpotAgent`: the notice watchers and the flow thread;
 - `build_agent_app`: `/metrics`, `/state`, `/healthz` and `POST /notice` (the manual trigger).
 
 Series: `llm_node_state{node,state}` (1 for the current state), the histogram
 `llm_spot_notice_to_draining_seconds{node,provider}`, `llm_spot_replacement_ready_latency_seconds
 {node,provider}` (TERMINATING -> RECOVERED; while still waiting, the time waited so far, so an
 alert can fire on a replacement that never becomes ready), `llm_spot_drain_budget_seconds{node}`,
-`llm_spot_notices_total{node,provider,kind}`, `llm_spot_agent_errors_total{node}`.
+`llm_spot_notice_pending{node,provider}`, `llm_spot_notices_total{node,provider,kind}`,
+`llm_spot_agent_errors_total{node}`.
 """
 
 from __future__ import annotations
@@ -31,7 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,9 +41,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
-from redline.platform.routing import RoutingError, RoutingStore
+from redline.platform.routing import RoutingStore
 from redline.platform.spot import (
+    DEFAULT_STATE_PREFIX,
     AwsImdsSource,
+    Clock,
+    GatewayAdmin,
     GcpMetadataSource,
     ManualSource,
     NodeRecord,
@@ -57,295 +54,28 @@ from redline.platform.spot import (
     Notice,
     NoticeSource,
     NoticeWatcher,
+    ReadinessGate,
+    SpotAgentError,
+    SpotDrainFlow,
     SpotError,
     SpotStateError,
-    build_drain_budget,
-    build_transition,
+    SpotStateStore,
 )
+from redline.slo import catalog
 from redline.slo.spec import Spot
 
 log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_PORT = 9110
-DEFAULT_STATE_PREFIX = "redline:spot"
-INSTANCE_HEADER = "x-redline-instance"
 RECHECK_SECONDS = 10.0
 """How often an agent whose replacement missed the readiness timeout checks it again."""
-NOTICE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0)
-Clock = Callable[[], float]
-
-
-class SpotAgentError(SpotError):
-    """The agent cannot do what it was asked (bad settings, a store it cannot reach)."""
-
-
-# ---- state ----------------------------------------------------------------------------------
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-class SpotStateStore:
-    """Node records in Redis: one hash per node."""
-
-    def __init__(self, client: redis.Redis, prefix: str = DEFAULT_STATE_PREFIX) -> None:
-        self.client = client
-        self.prefix = prefix
-
-    @classmethod
-    def from_url(cls, url: str, prefix: str = DEFAULT_STATE_PREFIX) -> SpotStateStore:
-        """A store on its own connection pool; `close()` it."""
-        return cls(
-            redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0), prefix
-        )
-
-    def key(self, node: str) -> str:
-        """The node's Redis key."""
-        return f"{self.prefix}:node:{node}"
-
-    def get(self, node: str) -> NodeRecord:
-        """The node's record (READY when it has none)."""
-        raw = self.client.hgetall(self.key(node))
-        if not raw:
-            return NodeRecord(node)
-        assert isinstance(raw, dict)
-        decoded = {_text(k): _text(v) for k, v in raw.items()}
-        return NodeRecord.from_fields(node, decoded)
-
-    def put(self, record: NodeRecord) -> None:
-        """Replace the node's record."""
-        key = self.key(record.node)
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(key)
-        pipe.hset(key, mapping=record.to_fields())  # type: ignore[arg-type]
-        pipe.execute()
-
-    def put_notice(self, notice: Notice) -> None:
-        """Remember the node's latest interruption notice (the playbook drains from it)."""
-        fields = {
-            "provider": notice.provider,
-            "kind": notice.kind,
-            "action": notice.action,
-            "noticed_at": repr(notice.noticed_at),
-            "detected_at": repr(notice.detected_at),
-            "detail": notice.detail,
-        }
-        if notice.terminate_at is not None:
-            fields["terminate_at"] = repr(notice.terminate_at)
-        key = f"{self.prefix}:notice:{notice.node}"
-        pipe = self.client.pipeline(transaction=True)
-        pipe.delete(key)
-        pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-        pipe.execute()
-
-    def get_notice(self, node: str) -> Notice | None:
-        """The node's latest interruption notice, or None."""
-        raw = self.client.hgetall(f"{self.prefix}:notice:{node}")
-        if not raw:
-            return None
-        assert isinstance(raw, dict)
-        data = {_text(k): _text(v) for k, v in raw.items()}
-        try:
-            kind = data["kind"]
-            if kind not in ("interruption", "rebalance"):
-                raise ValueError(f"kind {kind!r}")
-            terminate = data.get("terminate_at")
-            return Notice(
-                node=node,
-                provider=data["provider"],
-                kind="interruption" if kind == "interruption" else "rebalance",
-                action=data["action"],
-                noticed_at=float(data["noticed_at"]),
-                detected_at=float(data["detected_at"]),
-                terminate_at=None if terminate is None else float(terminate),
-                detail=data.get("detail", ""),
-            )
-        except (KeyError, ValueError) as exc:
-            raise SpotError(f"node {node}: unreadable notice: {exc!r}") from None
-
-    def notice_pending(self, node: str) -> Notice | None:
-        """The node's latest interruption notice when no drain has handled it yet."""
-        notice = self.get_notice(node)
-        if notice is None or notice.kind != "interruption":
-            return None
-        record = self.get(node)
-        handled = record.draining_at is not None and record.draining_at >= notice.detected_at
-        return None if handled else notice
-
-    def close(self) -> None:
-        """Close the connection pool."""
-        self.client.close()
-
-
-# ---- the gateways ---------------------------------------------------------------------------
-
-
-class GatewayAdmin:
-    """The `/admin/spot` API of every gateway in front of the node."""
-
-    def __init__(self, urls: Sequence[str], client: httpx.Client, token: str | None = None):
-        self.urls = [u.rstrip("/") for u in urls]
-        self.client = client
-        self.headers = {"authorization": f"Bearer {token}"} if token else {}
-
-    def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        response = self.client.post(url, json=body, headers=self.headers)
-        if response.status_code != 200:
-            raise SpotAgentError(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
-        data: dict[str, Any] = response.json()
-        return data
-
-    def drain(
-        self,
-        node: str,
-        budget_seconds: float,
-        continue_factor: float,
-        close_seconds: float,
-        reason: str,
-    ) -> list[dict[str, Any]]:
-        """Close the node's admission and triage its requests on every gateway; their reports."""
-        body = {
-            "node": node,
-            "budget_seconds": budget_seconds,
-            "continue_factor": continue_factor,
-            "close_seconds": close_seconds,
-            "reason": reason[:500],
-        }
-        return [self._post(f"{url}/admin/spot/drain", body) for url in self.urls]
-
-    def inflight(self, node: str) -> int:
-        """Requests still in flight on the node, over every gateway."""
-        total = 0
-        for url in self.urls:
-            response = self.client.get(f"{url}/admin/spot/nodes/{node}", headers=self.headers)
-            if response.status_code != 200:
-                raise SpotAgentError(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
-            total += int(response.json()["inflight"])
-        return total
-
-    def release(self, node: str) -> None:
-        """Admit requests to the node again on every gateway."""
-        for url in self.urls:
-            self._post(f"{url}/admin/spot/release", {"node": node})
-
-
-# ---- readiness ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReadinessCheck:
-    """One pass of the readiness gate over a replacement."""
-
-    healthy: bool
-    model_loaded: bool
-    inference_ok: bool
-    instance: str | None
-    detail: str
-
-    @property
-    def ready(self) -> bool:
-        """All three checks passed."""
-        return self.healthy and self.model_loaded and self.inference_ok
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
-            "ready": self.ready,
-            "healthy": self.healthy,
-            "model_loaded": self.model_loaded,
-            "inference_ok": self.inference_ok,
-            "instance": self.instance,
-            "detail": self.detail,
-        }
-
-
-class ReadinessGate:
-    """Health, model loaded, dummy inference: the replacement serves only after all three."""
-
-    def __init__(
-        self, client: httpx.Client, model: str | None = None, prompt: str = "readiness check"
-    ) -> None:
-        self.client = client
-        self.model = model
-        self.prompt = prompt
-
-    def instance(self, url: str) -> str | None:
-        """The instance id the server at `url` names (None when it names none or is down)."""
-        try:
-            response = self.client.get(f"{url.rstrip('/')}/healthz")
-        except httpx.HTTPError:
-            return None
-        instance = response.headers.get(INSTANCE_HEADER)
-        return None if instance is None else str(instance)
-
-    def check(self, url: str, not_instance: str | None = None) -> ReadinessCheck:
-        """Run the three checks once; `not_instance` is the preempted node's instance id."""
-        base = url.rstrip("/")
-        try:
-            health = self.client.get(f"{base}/healthz")
-        except httpx.HTTPError as exc:
-            return ReadinessCheck(False, False, False, None, f"health: {type(exc).__name__}")
-        instance = health.headers.get(INSTANCE_HEADER)
-        if health.status_code != 200:
-            return ReadinessCheck(
-                False, False, False, instance, f"health: HTTP {health.status_code}"
-            )
-        if not_instance is not None and instance == not_instance:
-            return ReadinessCheck(
-                False, False, False, instance, f"health: still the preempted instance {instance}"
-            )
-        try:
-            listed = self.client.get(f"{base}/v1/models")
-            ids = [m.get("id") for m in listed.json().get("data", [])] if listed.is_success else []
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            return ReadinessCheck(True, False, False, instance, f"models: {type(exc).__name__}")
-        model = self.model or (ids[0] if ids else None)
-        if model is None or model not in ids:
-            wanted = self.model or "any model"
-            return ReadinessCheck(True, False, False, instance, f"models: {wanted} not loaded")
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": self.prompt}],
-            "max_tokens": 1,
-        }
-        try:
-            answer = self.client.post(f"{base}/v1/chat/completions", json=body)
-            content = (
-                answer.json()["choices"][0]["message"]["content"] if answer.is_success else None
-            )
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            return ReadinessCheck(True, True, False, instance, f"inference: {type(exc).__name__}")
-        if not content:
-            return ReadinessCheck(
-                True, True, False, instance, f"inference: HTTP {answer.status_code}, no answer"
-            )
-        return ReadinessCheck(True, True, True, instance, f"ready: {model} answered")
-
-    def wait(
-        self,
-        url: str,
-        timeout: float,
-        interval: float,
-        not_instance: str | None = None,
-        stop: threading.Event | None = None,
-        observe: Callable[[ReadinessCheck], None] | None = None,
-    ) -> ReadinessCheck:
-        """Check until ready or `timeout`; the last check either way (each one to `observe`)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            check = self.check(url, not_instance)
-            if observe is not None:
-                observe(check)
-            if check.ready or time.monotonic() >= deadline:
-                return check
-            if stop is not None and stop.wait(interval):
-                return check
-            if stop is None:
-                time.sleep(interval)
 
 
 # ---- metrics --------------------------------------------------------------------------------
+
+
+def _gauge(metric: catalog.Metric) -> GaugeMetricFamily:
+    return GaugeMetricFamily(metric.family, metric.help, labels=metric.labels)
 
 
 class SpotAgentMetrics(Collector):
@@ -361,60 +91,37 @@ class SpotAgentMetrics(Collector):
         self.record = record
         self.pending = pending
         self.clock = clock
+        notice_to_draining = catalog.LLM_SPOT_NOTICE_TO_DRAINING_SECONDS
         self.notice_to_draining = Histogram(
-            "llm_spot_notice_to_draining_seconds",
-            "Seconds from a spot interruption notice to DRAINING (admission closed, triage done).",
-            ("node", "provider"),
-            buckets=NOTICE_BUCKETS,
+            notice_to_draining.family,
+            notice_to_draining.help,
+            notice_to_draining.labels,
+            buckets=notice_to_draining.buckets,
             registry=registry,
         )
-        self.notices = Counter(
-            "llm_spot_notices",
-            "Spot notices seen, by kind (interruption, rebalance).",
-            ("node", "provider", "kind"),
-            registry=registry,
-        )
-        self.errors = Counter(
-            "llm_spot_agent_errors",
-            "Failures of the agent's sources or flow steps.",
-            ("node",),
-            registry=registry,
-        )
+        notices = catalog.LLM_SPOT_NOTICES_TOTAL
+        self.notices = Counter(notices.family, notices.help, notices.labels, registry=registry)
+        errors = catalog.LLM_SPOT_AGENT_ERRORS_TOTAL
+        self.errors = Counter(errors.family, errors.help, errors.labels, registry=registry)
         registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
         """Node state, replacement latency and budget from the current record."""
         record = self.record()
-        state = GaugeMetricFamily(
-            "llm_node_state", "1 for the spot node's current state.", labels=("node", "state")
-        )
+        state = _gauge(catalog.LLM_NODE_STATE)
         for value in NodeState:
             state.add_metric((record.node, value.value), 1.0 if record.state is value else 0.0)
         yield state
-        latency = GaugeMetricFamily(
-            "llm_spot_replacement_ready_latency_seconds",
-            "Node gone (TERMINATING, or its termination time if later) -> RECOVERED of the last "
-            "replacement; while it is not ready yet, the "
-            "seconds waited so far.",
-            labels=("node", "provider"),
-        )
+        latency = _gauge(catalog.LLM_SPOT_REPLACEMENT_READY_LATENCY_SECONDS)
         waited = record.replacement_latency(self.clock())
         if waited is not None:
             latency.add_metric((record.node, record.provider or "unknown"), waited)
         yield latency
-        budget = GaugeMetricFamily(
-            "llm_spot_drain_budget_seconds",
-            "Drain budget of the node's last preemption.",
-            labels=("node",),
-        )
+        budget = _gauge(catalog.LLM_SPOT_DRAIN_BUDGET_SECONDS)
         if record.budget_seconds is not None:
             budget.add_metric((record.node,), record.budget_seconds)
         yield budget
-        pending = GaugeMetricFamily(
-            "llm_spot_notice_pending",
-            "1 while the node has an interruption notice that no drain has handled yet.",
-            labels=("node", "provider"),
-        )
+        pending = _gauge(catalog.LLM_SPOT_NOTICE_PENDING)
         notice = self.pending()
         pending.add_metric(
             (record.node, notice.provider if notice else record.provider or "unknown"),
@@ -425,138 +132,6 @@ class SpotAgentMetrics(Collector):
     def describe(self) -> list[Metric]:
         """No fixed description: the families are built at collection."""
         return []
-
-
-# ---- the flow -------------------------------------------------------------------------------
-
-
-@dataclass
-class SpotDrainFlow:
-    """Notice -> DRAINING -> TERMINATING -> RECOVERED for one node, step by step."""
-
-    node: str
-    spot: Spot
-    store: SpotStateStore
-    routing: RoutingStore
-    gateways: GatewayAdmin
-    gate: ReadinessGate
-    upstream_url: str | None
-    clock: Clock = time.time
-    poll_seconds: float = 0.1
-    on_draining: Callable[[NodeRecord], None] | None = None
-    tick: Callable[[], None] | None = None  # called on every poll (a playbook's lease check)
-    last_reports: list[dict[str, Any]] = field(default_factory=list, init=False)
-    last_check: ReadinessCheck | None = field(default=None, init=False)
-
-    def record(self) -> NodeRecord:
-        """The node's current record."""
-        return self.store.get(self.node)
-
-    def _observe(self, check: ReadinessCheck) -> None:
-        self.last_check = check
-        if self.tick is not None:
-            self.tick()
-
-    def drain(self, notice: Notice) -> NodeRecord:
-        """Close admission, drain every gateway, DRAINING. Idempotent: a node already draining
-        or terminating is left as it is."""
-        record = self.record()
-        if record.state in (NodeState.DRAINING, NodeState.TERMINATING):
-            return record
-        budget = build_drain_budget(self.spot, notice)
-        self.last_check = None
-        terminate = notice.terminate_at
-        reason = f"spot {notice.provider} notice ({notice.action})" + (
-            f", terminating at {terminate:.3f}" if terminate is not None else ""
-        )
-        close_for = max(budget.notice_seconds, 1.0) + self.spot.readiness_timeout_seconds
-        # The gateways first: they stop admitting and triage at once; the routing store then
-        # keeps admission closed for every other reader (and across restarts).
-        failure: Exception | None = None
-        try:
-            self.last_reports = self.gateways.drain(
-                self.node, budget.seconds, self.spot.continue_factor, close_for, reason
-            )
-        except (httpx.HTTPError, SpotAgentError) as exc:
-            failure = exc
-        try:
-            self.routing.close_admission(self.node, reason)
-        except RoutingError as exc:
-            raise SpotAgentError(f"routing store: {exc}") from None
-        if failure is not None:
-            raise SpotAgentError(f"gateway drain: {failure}") from failure
-        now = self.clock()
-        record = build_transition(
-            record,
-            NodeState.DRAINING,
-            now,
-            provider=notice.provider,
-            notice_at=notice.noticed_at,
-            detected_at=notice.detected_at,
-            terminate_at=terminate,
-            budget_seconds=budget.seconds,
-            detail=reason,
-        )
-        self.store.put(record)
-        if self.on_draining is not None:
-            self.on_draining(record)
-        if self.upstream_url is not None:
-            # Still the preempted instance while it drains: its replacement must differ.
-            instance = self.gate.instance(self.upstream_url)
-            if instance:
-                record = replace(record, preempted_instance=instance)
-                self.store.put(record)
-        return record
-
-    def wait_drained(self, stop: threading.Event | None = None) -> NodeRecord:
-        """DRAINING -> TERMINATING once nothing is in flight on the node or its budget is spent."""
-        record = self.record()
-        if record.state is not NodeState.DRAINING:
-            return record
-        assert record.draining_at is not None
-        deadline = record.draining_at + (record.budget_seconds or 0.0)
-        while self.clock() < deadline:
-            if self.tick is not None:
-                self.tick()
-            try:
-                if self.gateways.inflight(self.node) == 0:
-                    break
-            except (httpx.HTTPError, SpotAgentError) as exc:
-                log.warning("in-flight count of %s: %s", self.node, exc)
-            if stop is not None and stop.wait(self.poll_seconds):
-                break
-            if stop is None:
-                time.sleep(self.poll_seconds)
-        record = build_transition(self.record(), NodeState.TERMINATING, self.clock())
-        self.store.put(record)
-        return record
-
-    def recover(self, timeout: float, stop: threading.Event | None = None) -> NodeRecord:
-        """TERMINATING -> RECOVERED when the replacement passes the readiness gate within
-        `timeout`; admission opens again. Still TERMINATING (admission closed) otherwise."""
-        record = self.record()
-        if record.state is not NodeState.TERMINATING:
-            return record
-        if self.upstream_url is None:
-            raise SpotAgentError(f"node {self.node}: no upstream URL to check a replacement at")
-        check = self.gate.wait(
-            self.upstream_url,
-            timeout,
-            max(self.poll_seconds, 0.05),
-            record.preempted_instance or None,
-            stop,
-            self._observe,
-        )
-        if not check.ready:
-            log.warning("replacement of %s not ready: %s", self.node, check.detail)
-            return self.record()
-        self.routing.open_admission(self.node)
-        self.gateways.release(self.node)
-        record = build_transition(
-            self.record(), NodeState.RECOVERED, self.clock(), detail=check.detail
-        )
-        self.store.put(record)
-        return record
 
 
 # ---- the agent ------------------------------------------------------------------------------
@@ -867,17 +442,10 @@ def build_agent_app(
 
 __all__ = [
     "DEFAULT_AGENT_PORT",
-    "DEFAULT_STATE_PREFIX",
-    "GatewayAdmin",
     "ManualNotice",
-    "ReadinessCheck",
-    "ReadinessGate",
     "SpotAgent",
-    "SpotAgentError",
     "SpotAgentMetrics",
     "SpotAgentSettings",
-    "SpotDrainFlow",
-    "SpotStateStore",
     "build_agent_app",
     "build_sources",
 ]

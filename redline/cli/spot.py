@@ -1,6 +1,7 @@
 """`redline spot-agent run|trigger|status` and `redline simulate metadata`: spot preemption.
 
-Thin: parses options, builds the agent or the metadata server from `redline.platform`, serves.
+Thin: parses options, builds the agent (`redline.agents.spot`) or the local metadata server
+(`redline.devstack.fakes.metadata_server`), serves.
 Exit codes: 0 ok; 1 the agent or node answered an error; 2 bad settings or arguments.
 """
 
@@ -14,14 +15,7 @@ import httpx
 import redis
 import typer
 
-from redline.agents.spot import (
-    DEFAULT_AGENT_PORT,
-    DEFAULT_STATE_PREFIX,
-    SpotAgentError,
-    SpotAgentSettings,
-    SpotStateStore,
-    build_agent_app,
-)
+from redline.agents.spot import DEFAULT_AGENT_PORT, SpotAgentSettings, build_agent_app
 from redline.cli.common import ConfigOpt, HostOpt, PortOpt, err, fail, out, serve
 from redline.core.settings import SettingsError, load_settings
 from redline.devstack.fakes.metadata_server import (
@@ -29,7 +23,13 @@ from redline.devstack.fakes.metadata_server import (
     MetadataSettings,
     build_metadata_app,
 )
-from redline.platform.spot import SpotError, scale_spot
+from redline.platform.spot import (
+    DEFAULT_STATE_PREFIX,
+    SpotAgentError,
+    SpotError,
+    SpotStateStore,
+    scale_spot,
+)
 from redline.slo.load import SpecError, apply_profile, load_spec
 
 spot_app = typer.Typer(

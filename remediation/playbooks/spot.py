@@ -2,7 +2,7 @@
 
 Target: the alert's `node` label (`SpotPreemptionNotice` fires while a node's notice is pending,
 i.e. stored by its spot agent but not drained). The spot agent normally drains the node itself
-within a second of the notice; this playbook runs the same flow (`redline.agents.spot.
+within a second of the notice; this playbook runs the same flow (`redline.platform.spot.
 SpotDrainFlow`) when it did not: an agent started with `act: false`, or one whose drain failed.
 
 Firing:
@@ -36,18 +36,20 @@ import httpx
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from redline.agents.spot import (
-    DEFAULT_STATE_PREFIX,
-    GatewayAdmin,
-    ReadinessGate,
-    SpotAgentError,
-    SpotDrainFlow,
-    SpotStateStore,
-)
 from redline.core.settings import SettingsError, read_secret
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
 from redline.platform.routing import RoutingError, RoutingStore
-from redline.platform.spot import NodeState, SpotError, scale_spot
+from redline.platform.spot import (
+    DEFAULT_STATE_PREFIX,
+    GatewayAdmin,
+    NodeState,
+    ReadinessGate,
+    SpotAgentError,
+    SpotDrainFlow,
+    SpotError,
+    SpotStateStore,
+    scale_spot,
+)
 from redline.remediation.playbook import (
     PlannedStep,
     Playbook,

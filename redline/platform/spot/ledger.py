@@ -15,13 +15,80 @@ the same request id is refused instead of run twice. The state changes that must
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 import redis
 import redis.asyncio
 
-from redline.platform.spot.model import LedgerEntry, SpotError
+from redline.platform.spot.errors import SpotError
 
 DEFAULT_LEDGER_PREFIX = "redline:ledger"
+
+LedgerStatus = Literal["running", "interrupted", "retrying", "completed"]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One request in the gateway's ledger (a Redis hash per request id)."""
+
+    request_id: str
+    attempt: int
+    served_prefix_tokens: int
+    model_revision: str
+    prompt_fingerprint: str
+    retry_safe: bool
+    interruption_reason: str
+    status: LedgerStatus
+    node: str = ""
+    served_prefix: str = ""
+    max_tokens: int | None = None
+    updated_at: float = 0.0
+
+    def to_fields(self) -> dict[str, str]:
+        """A flat string mapping (a Redis hash)."""
+        out = {
+            "request_id": self.request_id,
+            "attempt": str(self.attempt),
+            "served_prefix_tokens": str(self.served_prefix_tokens),
+            "model_revision": self.model_revision,
+            "prompt_fingerprint": self.prompt_fingerprint,
+            "retry_safe": "1" if self.retry_safe else "0",
+            "interruption_reason": self.interruption_reason,
+            "status": self.status,
+            "node": self.node,
+            "served_prefix": self.served_prefix,
+            "updated_at": repr(self.updated_at),
+        }
+        if self.max_tokens is not None:
+            out["max_tokens"] = str(self.max_tokens)
+        return out
+
+    @classmethod
+    def from_fields(cls, raw: Mapping[str, str]) -> LedgerEntry:
+        """Decode `to_fields` output; SpotError when a field is missing or malformed."""
+        try:
+            status = raw["status"]
+            if status not in ("running", "interrupted", "retrying", "completed"):
+                raise ValueError(f"status {status!r}")
+            max_tokens = raw.get("max_tokens")
+            return cls(
+                request_id=raw["request_id"],
+                attempt=int(raw["attempt"]),
+                served_prefix_tokens=int(raw.get("served_prefix_tokens", "0")),
+                model_revision=raw.get("model_revision", "unknown"),
+                prompt_fingerprint=raw["prompt_fingerprint"],
+                retry_safe=raw.get("retry_safe") == "1",
+                interruption_reason=raw.get("interruption_reason", ""),
+                status=status,  # type: ignore[arg-type]
+                node=raw.get("node", ""),
+                served_prefix=raw.get("served_prefix", ""),
+                max_tokens=None if max_tokens in (None, "") else int(max_tokens),
+                updated_at=float(raw.get("updated_at", "0")),
+            )
+        except (KeyError, ValueError) as exc:
+            raise SpotError(f"unreadable ledger entry: {exc!r}") from None
+
 
 # Interrupted and retry-safe -> retrying, attempt + 1 (returned); otherwise a negative reason.
 _CLAIM_RETRY = """
@@ -164,6 +231,8 @@ __all__ = [
     "CLAIM_NOT_RETRY_SAFE",
     "DEFAULT_LEDGER_PREFIX",
     "AsyncRequestLedger",
+    "LedgerEntry",
     "LedgerError",
+    "LedgerStatus",
     "RequestLedger",
 ]

@@ -1,6 +1,7 @@
 """Where spot interruption notices come from: AWS instance metadata (IMDSv2), GCP metadata, or a
-manual trigger. Each source's `poll()` returns the notices it has not reported before; a
-`NoticeWatcher` thread polls one source and puts what it finds on a queue.
+manual trigger; and the metadata services' documents and time format. Each source's `poll()`
+returns the notices it has not reported before; a `NoticeWatcher` thread polls one source and puts
+what it finds on a queue.
 
 AWS: a session token from `PUT /latest/api/token` (TTL header), renewed before it expires and
 once more on a 401; then `GET spot/instance-action` (404 until a notice; `{"action", "time"}`
@@ -16,22 +17,20 @@ the value changes, so detection is immediate. TRUE is the notice; termination is
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Protocol
 
 import httpx
 
-from redline.platform.spot.model import (
-    Notice,
-    SpotError,
-    parse_instance_action,
-    parse_preempted,
-    parse_rebalance,
-)
+from redline.platform.spot.errors import SpotError
+from redline.platform.spot.state import Clock, Notice
 from redline.slo.spec import Spot
 
 # The metadata services' request headers (IMDSv2 token and TTL; GCP's flavor check).
@@ -41,7 +40,56 @@ FLAVOR_HEADER = "metadata-flavor"
 
 log = logging.getLogger(__name__)
 
-Clock = Callable[[], float]
+
+# ---- cloud metadata formats ------------------------------------------------------------------
+
+
+def format_metadata_time(unix: float) -> str:
+    """AWS metadata's time format: `2017-09-18T08:22:00Z` (UTC, whole seconds)."""
+    return datetime.fromtimestamp(math.floor(unix), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_metadata_time(text: str) -> float:
+    """Unix seconds of an AWS metadata time; SpotError when it is not one."""
+    try:
+        value = datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        raise SpotError(f"not a metadata time (YYYY-MM-DDThh:mm:ssZ): {text[:60]!r}") from None
+    return value.replace(tzinfo=UTC).timestamp()
+
+
+def parse_instance_action(text: str) -> tuple[str, float]:
+    """`spot/instance-action`'s `{"action", "time"}` as (action, unix time); SpotError otherwise."""
+    try:
+        data = json.loads(text)
+        action, when = data["action"], data["time"]
+    except (ValueError, KeyError, TypeError):
+        raise SpotError(f"not an instance-action document: {text[:120]!r}") from None
+    if action not in ("terminate", "stop", "hibernate") or not isinstance(when, str):
+        raise SpotError(f"instance-action has an unknown action or time: {text[:120]!r}")
+    return action, parse_metadata_time(when)
+
+
+def parse_rebalance(text: str) -> float:
+    """`events/recommendations/rebalance`'s `{"noticeTime"}` as unix time; SpotError otherwise."""
+    try:
+        when = json.loads(text)["noticeTime"]
+    except (ValueError, KeyError, TypeError):
+        raise SpotError(f"not a rebalance recommendation: {text[:120]!r}") from None
+    if not isinstance(when, str):
+        raise SpotError(f"rebalance noticeTime is not a time: {text[:120]!r}")
+    return parse_metadata_time(when)
+
+
+def parse_preempted(text: str) -> bool:
+    """GCP `instance/preempted`: TRUE or FALSE; SpotError otherwise."""
+    value = text.strip().upper()
+    if value not in ("TRUE", "FALSE"):
+        raise SpotError(f"instance/preempted is neither TRUE nor FALSE: {text[:60]!r}")
+    return value == "TRUE"
+
+
+# ---- notice sources --------------------------------------------------------------------------
 
 
 class NoticeSourceError(SpotError):
@@ -296,10 +344,18 @@ class NoticeWatcher:
 
 
 __all__ = [
+    "FLAVOR_HEADER",
+    "TOKEN_HEADER",
+    "TOKEN_TTL_HEADER",
     "AwsImdsSource",
     "GcpMetadataSource",
     "ManualSource",
     "NoticeSource",
     "NoticeSourceError",
     "NoticeWatcher",
+    "format_metadata_time",
+    "parse_instance_action",
+    "parse_metadata_time",
+    "parse_preempted",
+    "parse_rebalance",
 ]

@@ -21,7 +21,7 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from redline.agents.spot import SpotAgentSettings, SpotStateStore, build_agent_app
+from redline.agents.spot import SpotAgentSettings, build_agent_app
 from redline.cli import app as cli_app
 from redline.devstack.fakes.metadata_server import MetadataSettings, build_metadata_app
 from redline.devstack.fakes.simulator import (
@@ -34,7 +34,14 @@ from redline.devstack.fakes.simulator import (
 from redline.devstack.processes import free_port
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.platform.routing import RoutingStore
-from redline.platform.spot import RESUME_HEADER, NodeState, parse_spot_error, scale_spot
+from redline.platform.spot import (
+    RESUME_HEADER,
+    NodeState,
+    SpotStateStore,
+    parse_spot_error,
+    scale_spot,
+)
+from redline.slo import catalog
 from redline.slo.load import load_spec
 from tests.support.playbook import playbook_settings, records, run_jobs
 from tests.support.remediation import alert, wait_for
@@ -53,11 +60,11 @@ class Fleet:
     agent: ServerThread
     client: httpx.Client
 
-    def metric(self, name: str) -> float | None:
+    def metric(self, metric: catalog.Metric) -> float | None:
         text = self.client.get(f"{self.agent.url}/metrics").text
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == name:
+                if sample.name == metric.name:
                     return float(sample.value)
         return None
 
@@ -142,7 +149,8 @@ def test_spot_drain_playbook_drains_waits_for_the_replacement_and_reopens(
     time.sleep(0.5)
     fleet.client.post(f"{fleet.metadata.url}/admin/notice", json={"in_seconds": 3})
     # The agent only observes (act: false): the notice is pending until someone drains it.
-    wait_for(lambda: fleet.metric("llm_spot_notice_pending") == 1.0, timeout=5, what="pending")
+    pending = catalog.LLM_SPOT_NOTICE_PENDING
+    wait_for(lambda: fleet.metric(pending) == 1.0, timeout=5, what="pending")
     assert fleet.state()["state"] == "ready"
     settings = playbook_settings(
         redis_url,
@@ -175,8 +183,8 @@ def test_spot_drain_playbook_drains_waits_for_the_replacement_and_reopens(
     routing = RoutingStore(redis.Redis.from_url(redis_url))
     assert routing.get_admission("spot-a").open
     routing.close()
-    assert fleet.metric("llm_spot_notice_pending") == 0.0
-    assert fleet.metric("llm_node_state") is not None
+    assert fleet.metric(pending) == 0.0
+    assert fleet.metric(catalog.LLM_NODE_STATE) is not None
     # The client's stream ended with the contract's event; its retry resumes elsewhere.
     error = json.loads(next(e for e in streamed if e.startswith('{"error"')))
     info = parse_spot_error(error)
@@ -240,11 +248,10 @@ def test_the_agent_acts_on_a_manual_trigger_from_the_cli(redis_url: str, tmp_pat
         line = json.loads(status.output)
         assert line["state"] == "recovered" and line["provider"] == "manual"
         metrics = httpx.get(f"{agent.url}/metrics").text
-        assert 'llm_node_state{node="spot-a",state="recovered"} 1.0' in metrics
-        assert 'llm_spot_notice_to_draining_seconds_count{node="spot-a",provider="manual"} 1.0' in (
-            metrics
-        )
-        assert "llm_spot_replacement_ready_latency_seconds" in metrics
+        assert f'{catalog.LLM_NODE_STATE}{{node="spot-a",state="recovered"}} 1.0' in metrics
+        drained = catalog.LLM_SPOT_NOTICE_TO_DRAINING_SECONDS.count
+        assert f'{drained}{{node="spot-a",provider="manual"}} 1.0' in metrics
+        assert str(catalog.LLM_SPOT_REPLACEMENT_READY_LATENCY_SECONDS) in metrics
         checked = subprocess.run(
             ["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True
         )
