@@ -24,7 +24,8 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from redline.rules.build import runbook
+from redline.rules.common import runbook
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 DATASOURCE_VAR = "datasource"
@@ -170,7 +171,7 @@ def build_variables(spec: Spec, names: Sequence[str]) -> list[Template]:
     """`$datasource` first, then the label variables the dashboard filters on."""
     queries = {
         "region": ("Region", f"label_values({spec.sources.request_duration}_count, region)"),
-        "model": ("Model", "label_values(model_active_info, model)"),
+        "model": ("Model", f"label_values({catalog.MODEL_ACTIVE_INFO}, model)"),
     }
     variables = [
         Template(
@@ -365,7 +366,7 @@ def remediation_annotation() -> AnnotationDef:
         name="Remediation runs",
         expr=(
             "max by (playbook, outcome) "
-            "(increase(redline_remediation_runs_total[$__rate_interval])) > 0"
+            f"(increase({catalog.REDLINE_REMEDIATION_RUNS_TOTAL}[$__rate_interval])) > 0"
         ),
         title="{{playbook}}: {{outcome}}",
         text="playbook {{playbook}} finished: {{outcome}}",

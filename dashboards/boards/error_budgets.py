@@ -17,12 +17,12 @@ from redline.dashboards.panels import (
     bad_above,
     bad_below,
 )
-from redline.rules.build import BURN_WINDOWS, burn_factor, error_ratio_record
+from redline.rules.families.slo import BURN_WINDOWS, burn_factor
 from redline.rules.model import format_duration, number, selector
+from redline.slo import catalog
 from redline.slo.spec import Slo, Spec, parse_duration
 
 SLUG = "error-budgets"
-REMAINING = "redline:slo_error_budget:remaining_ratio"
 BURN_UNIT = "suffix:×"
 
 
@@ -35,7 +35,7 @@ def burn_rate_expr(slo: Slo, window_seconds: int) -> str:
     """The burn rate of `slo` over a window: its error ratio over the budget (1 = sustainable)."""
     budget = number(1 - slo.objective)
     sel = selector({"slo": slo.name})
-    return f"{error_ratio_record(format_duration(window_seconds))}{sel} / {budget}"
+    return f"{catalog.slo_errors_record(format_duration(window_seconds))}{sel} / {budget}"
 
 
 def exhaustion_expr(slo: Slo) -> str:
@@ -47,7 +47,8 @@ def exhaustion_expr(slo: Slo) -> str:
     period = number(parse_duration(slo.period))
     sel = selector({"slo": slo.name})
     burn = burn_rate_expr(slo, exhaustion_window_seconds())
-    projected = f"clamp_min({REMAINING}{sel}, 0) * {period}\n/ on (slo)\n({burn})"
+    remaining = catalog.SLO_ERROR_BUDGET_REMAINING_RECORD
+    projected = f"clamp_min({remaining}{sel}, 0) * {period}\n/ on (slo)\n({burn})"
     return f"clamp_max(\n{projected},\n{period}\n)"
 
 
@@ -56,7 +57,9 @@ def _slo_section(spec: Spec, slo: Slo) -> Section:
     period = parse_duration(slo.period)
     fastest = max(burn_factor(w, period) for w in BURN_WINDOWS if w.severity == "page")
     objective = f"{number(slo.objective * 100)} % over {slo.period}"
-    remaining = Query(f"{REMAINING}{selector({'slo': slo.name})}", "remaining")
+    remaining = Query(
+        f"{catalog.SLO_ERROR_BUDGET_REMAINING_RECORD}{selector({'slo': slo.name})}", "remaining"
+    )
     exhaustion = Query(exhaustion_expr(slo), "at the current burn rate")
     # Red: gone sooner than the fastest page burn empties a full budget; orange: within a period.
     exhaustion_steps = (Step("red", None), Step("orange", period / fastest), Step("green", period))

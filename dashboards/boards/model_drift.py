@@ -20,8 +20,10 @@ from redline.dashboards.panels import (
     model_matcher,
     region_matcher,
 )
-from redline.rules.build import rollback_gate_expr, rollback_records, rollback_window
+from redline.rules.families.rollback import rollback_gate_expr
 from redline.rules.model import number
+from redline.rules.records import rollback_records, rollback_window
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 SLUG = "model-drift"
@@ -31,7 +33,7 @@ THRESHOLD_UNIT = "suffix:× threshold"
 
 def active_versions_expr() -> str:
     """One series per model and the version it serves (value 1)."""
-    return f"max by (model, version) (model_active_info{{{model_matcher()}}})"
+    return f"max by (model, version) ({catalog.MODEL_ACTIVE_INFO}{{{model_matcher()}}})"
 
 
 def version_switch_annotation() -> AnnotationDef:
@@ -56,15 +58,17 @@ def _versions(spec: Spec) -> Section:
     by = "max by (model, model_version)"
     ratio = number(1 + gate.p99_increase_ratio)
     drop = number(gate.accuracy_drop)
+    baseline_p99 = catalog.MODEL_BASELINE_P99_SECONDS
+    baseline_accuracy = catalog.MODEL_BASELINE_ACCURACY_RATIO
     active = Query(active_versions_expr(), "{{model}}: {{version}}")
     p99 = (
         Query(f"{records['p99']}{{{model_matcher()}}}", "P99 {{model}} {{model_version}}"),
         Query(
-            f"{by} (model_baseline_p99_seconds{{{model_matcher()}}})",
+            f"{by} ({baseline_p99}{{{model_matcher()}}})",
             "baseline {{model_version}}",
         ),
         Query(
-            f"{ratio} * {by} (model_baseline_p99_seconds{{{model_matcher()}}})",
+            f"{ratio} * {by} ({baseline_p99}{{{model_matcher()}}})",
             f"gate: {ratio} × baseline {{{{model_version}}}}",
         ),
     )
@@ -73,11 +77,11 @@ def _versions(spec: Spec) -> Section:
             f"{records['accuracy']}{{{model_matcher()}}}", "accuracy {{model}} {{model_version}}"
         ),
         Query(
-            f"{by} (model_baseline_accuracy_ratio{{{model_matcher()}}})",
+            f"{by} ({baseline_accuracy}{{{model_matcher()}}})",
             "baseline {{model_version}}",
         ),
         Query(
-            f"{by} (model_baseline_accuracy_ratio{{{model_matcher()}}}) - {drop}",
+            f"{by} ({baseline_accuracy}{{{model_matcher()}}}) - {drop}",
             f"gate: baseline − {number(gate.accuracy_drop * 100)} pts {{{{model_version}}}}",
         ),
     )
@@ -130,14 +134,16 @@ def _versions(spec: Spec) -> Section:
 def _drift(spec: Spec) -> Section:
     book = alert_runbook(spec, "EmbeddingDrift")
     by = "max by (collection, method)"
-    score = Query(f"{by} (embedding_drift_score)", "{{collection}} {{method}}")
-    threshold = Query(f"{by} (embedding_drift_threshold)", "threshold {{collection}}")
+    drift_score, drift_threshold = catalog.EMBEDDING_DRIFT_SCORE, catalog.EMBEDDING_DRIFT_THRESHOLD
+    score = Query(f"{by} ({drift_score})", "{{collection}} {{method}}")
+    threshold = Query(f"{by} ({drift_threshold})", "threshold {{collection}}")
     relative = Query(
-        "max by (collection) (embedding_drift_score / on (collection, method) "
-        "embedding_drift_threshold)",
+        f"max by (collection) ({drift_score} / on (collection, method) {drift_threshold})",
         "{{collection}}",
     )
-    samples = Query("max by (collection) (embedding_drift_window_samples)", "{{collection}}")
+    samples = Query(
+        f"max by (collection) ({catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES})", "{{collection}}"
+    )
     return Section(
         f"Embedding drift ({spec.drift.method}, window {spec.drift.window})",
         (
@@ -157,17 +163,19 @@ def _serving(spec: Spec) -> Section:
     labels = f"{model_matcher()},{region_matcher('served_region')}"
     tokens = tuple(
         Query(
-            f"sum by (served_region, model) (rate(llm_{kind}_tokens_total{{{labels}}}"
-            "[$__rate_interval]))",
+            f"sum by (served_region, model) (rate({counter}{{{labels}}}[$__rate_interval]))",
             f"{kind} {{{{served_region}}}} {{{{model}}}}",
         )
-        for kind in ("generated", "prompt")
+        for kind, counter in (
+            ("generated", catalog.LLM_GENERATED_TOKENS_TOTAL),
+            ("prompt", catalog.LLM_PROMPT_TOKENS_TOTAL),
+        )
     )
     quantiles = sorted({0.5, spec.red_lines.latency_p99.quantile})
     ttft = tuple(
         Query(
             f"histogram_quantile({number(q)}, sum by (le, served_region) "
-            f"(rate(llm_time_to_first_token_seconds_bucket{{{labels}}}[$__rate_interval])))",
+            f"(rate({catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.bucket}{{{labels}}}[$__rate_interval])))",
             f"P{number(q * 100)} {{{{served_region}}}}",
         )
         for q in quantiles

@@ -19,8 +19,9 @@ from redline.dashboards.panels import (
     region_matcher,
     two_state_mapping,
 )
-from redline.rules.build import p99_record
 from redline.rules.model import number
+from redline.rules.records import p99_record
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 SLUG = "red-lines"
@@ -47,7 +48,8 @@ def _latency(spec: Spec) -> Section:
     # "No data" (the `or` keeps the regions that have one).
     share = Query(f"(\n{rerouted}\nor\n{total} * 0\n)\n/\n{total}", "{{region}}")
     probes = Query(
-        f"min by (region, probe) (llm_probe_success{{{region_matcher()}}})", "{{region}} {{probe}}"
+        f"min by (region, probe) ({catalog.LLM_PROBE_SUCCESS}{{{region_matcher()}}})",
+        "{{region}} {{probe}}",
     )
     title = f"{quantile}{reroute} (red line {number(limit)} s)"
     return Section(
@@ -72,9 +74,11 @@ def _latency(spec: Spec) -> Section:
 def _keepalive(spec: Spec) -> Section:
     keep = spec.red_lines.context_keepalive
     book = alert_runbook(spec, "RedLineContextKeepalive")
-    ttl = Query("min(session_context_ttl_seconds)", "effective TTL")
-    canary = Query("min(session_keepalive_probe_success)", "canary sessions")
-    evicted = Query("sum(increase(session_context_evicted_total[$__range]))", "evicted early")
+    ttl = Query(f"min({catalog.SESSION_CONTEXT_TTL_SECONDS})", "effective TTL")
+    canary = Query(f"min({catalog.SESSION_KEEPALIVE_PROBE_SUCCESS})", "canary sessions")
+    evicted = Query(
+        f"sum(increase({catalog.SESSION_CONTEXT_EVICTED_TOTAL}[$__range]))", "evicted early"
+    )
     title = f"Context keep-alive (min {number(keep.min_seconds)} s)"
     return Section(
         "Context keep-alive",
@@ -107,9 +111,10 @@ def _index(spec: Spec) -> Section:
     idx = spec.red_lines.index_consistency
     limit = idx.max_staleness_seconds
     book = alert_runbook(spec, "RedLineIndexStaleness")
-    worst = Query("max(vectordb_index_staleness_seconds)", "worst replica")
+    staleness = catalog.VECTORDB_INDEX_STALENESS_SECONDS
+    worst = Query(f"max({staleness})", "worst replica")
     by_replica = Query(
-        "max by (collection, replica) (vectordb_index_staleness_seconds)",
+        f"max by (collection, replica) ({staleness})",
         "{{collection}} on {{replica}}",
     )
     title = f"Index staleness (window {number(limit)} s)"

@@ -24,6 +24,7 @@ from redline.dashboards.panels import (
     bad_above,
     two_state_mapping,
 )
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 SLUG = "remediation"
@@ -39,15 +40,14 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
     book = alert_runbook(spec, REMEDIATION_RUNBOOK)
     freeze_book = alert_runbook(spec, "RedLineIndexStaleness")
     audit_book = alert_runbook(spec, "AuditChainBroken")
-    alerts = "redline_webhook_alerts_total"
-    runs = "redline_remediation_runs_total"
-    duration = "redline_remediation_duration_seconds_bucket"
+    alerts = catalog.REDLINE_WEBHOOK_ALERTS_TOTAL
+    runs = catalog.REDLINE_REMEDIATION_RUNS_TOTAL
+    duration = catalog.REDLINE_REMEDIATION_DURATION_SECONDS.bucket
+    duplicates = catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL
     received = Query(f"sum by (status) (increase({alerts}[$__range]))", "{{status}}")
     received_rate = Query(f"sum by (status) (rate({alerts}[$__rate_interval]))", "{{status}}")
-    dupes = Query("sum(increase(redline_webhook_duplicates_total[$__range]))", "duplicates")
-    dupes_rate = Query(
-        "sum(rate(redline_webhook_duplicates_total[$__rate_interval]))", "duplicates"
-    )
+    dupes = Query(f"sum(increase({duplicates}[$__range]))", "duplicates")
+    dupes_rate = Query(f"sum(rate({duplicates}[$__rate_interval]))", "duplicates")
     by_outcome = Query(
         f"max by (playbook, outcome) (increase({runs}[$__range]))", "{{playbook}}: {{outcome}}"
     )
@@ -70,10 +70,10 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
         f"histogram_quantile(0.99, max by (le, playbook) (rate({duration}[$__rate_interval])))",
         "P99 {{playbook}}",
     )
-    frozen = Query("max by (collection) (vectordb_write_frozen)", "{{collection}}")
-    chain = Query("min by (copy) (redline_audit_chain_intact)", "{{copy}}")
-    records = Query("max by (copy) (redline_audit_records)", "{{copy}}")
-    verified = Query("time() - max(redline_audit_verified_timestamp_seconds)", "age")
+    frozen = Query(f"max by (collection) ({catalog.VECTORDB_WRITE_FROZEN})", "{{collection}}")
+    chain = Query(f"min by (copy) ({catalog.REDLINE_AUDIT_CHAIN_INTACT})", "{{copy}}")
+    records = Query(f"max by (copy) ({catalog.REDLINE_AUDIT_RECORDS})", "{{copy}}")
+    verified = Query(f"time() - max({catalog.REDLINE_AUDIT_VERIFIED_TIMESTAMP_SECONDS})", "age")
     firing = Query(
         'count by (alertname, playbook) (ALERTS{alertstate="firing",playbook!=""})',
         "{{alertname}} → {{playbook}}",

@@ -15,6 +15,7 @@ from redline.dashboards.panels import (
     bad_above,
 )
 from redline.rules.model import number
+from redline.slo import catalog
 from redline.slo.spec import RpoTarget, Spec
 
 SLUG = "rpo"
@@ -37,9 +38,12 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
     lora = alert_runbook(spec, "LoRACheckpointRPOBreach")
     session = alert_runbook(spec, "SessionRPOBreach")
     delta = alert_runbook(spec, "IndexDeltaLogRPOBreach")
-    age = "time() - max by (adapter) (model_checkpoint_last_success_timestamp_seconds)"
+    cdc_lag = catalog.SESSION_CDC_RPO_SECONDS
+    oldest = catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS
+    entries = catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES
+    age = f"time() - max by (adapter) ({catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS})"
     pending = Query(
-        "sum by (collection, replica) (vectordb_delta_log_pending_entries)",
+        f"sum by (collection, replica) ({entries})",
         "{{collection}} on {{replica}}",
     )
     sections = (
@@ -59,8 +63,8 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
                 session,
                 "CDC lag: oldest entry not ACKed",
                 rpo.session_state,
-                Query("max(session_cdc_rpo_seconds)", "worst stream"),
-                Query("max by (stream, group) (session_cdc_rpo_seconds)", "{{stream}} / {{group}}"),
+                Query(f"max({cdc_lag})", "worst stream"),
+                Query(f"max by (stream, group) ({cdc_lag})", "{{stream}} / {{group}}"),
             ),
         ),
         Section(
@@ -70,17 +74,15 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
                     delta,
                     "Oldest pending entry",
                     rpo.embedding_index,
-                    Query("max(vectordb_delta_log_oldest_pending_age_seconds)", "oldest"),
+                    Query(f"max({oldest})", "oldest"),
                     Query(
-                        "max by (collection, replica) "
-                        "(vectordb_delta_log_oldest_pending_age_seconds)",
-                        "{{collection}} on {{replica}}",
+                        f"max by (collection, replica) ({oldest})", "{{collection}} on {{replica}}"
                     ),
                 ),
                 PanelDef(
                     "stat",
                     "Pending entries",
-                    (Query("sum(vectordb_delta_log_pending_entries)", "pending"),),
+                    (Query(f"sum({entries})", "pending"),),
                     delta,
                     "short",
                 ),

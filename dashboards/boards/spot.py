@@ -24,8 +24,9 @@ from redline.dashboards.panels import (
     bad_above,
     two_state_mapping,
 )
-from redline.rules.build import spot_p95_record
 from redline.rules.model import number
+from redline.rules.records import spot_p95_record
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 SLUG = "spot"
@@ -51,7 +52,7 @@ def _state_mapping() -> tuple[dict[str, Any], ...]:
 def _state_index_expr() -> str:
     """One value per node: the index of its current state in `NODE_STATES`."""
     return "\n+ ".join(
-        f'{index} * max by (node) (llm_node_state{{state="{state}"}})'
+        f'{index} * max by (node) ({catalog.LLM_NODE_STATE}{{state="{state}"}})'
         for index, state in enumerate(NODE_STATES)
     )
 
@@ -61,7 +62,7 @@ def _notice(spec: Spec) -> Section:
     notice_book = alert_runbook(spec, "SpotPreemptionNotice")
     target = spec.spot.notice_to_draining_p95_seconds
     window = spec.spot.alert_window
-    bucket = "llm_spot_notice_to_draining_seconds_bucket"
+    bucket = catalog.LLM_SPOT_NOTICE_TO_DRAINING_SECONDS.bucket
     per_provider = Query(
         f"histogram_quantile(0.95, sum by (le, provider) (rate({bucket}[$__rate_interval])))",
         "p95 {{provider}}",
@@ -90,7 +91,11 @@ def _notice(spec: Spec) -> Section:
             PanelDef(
                 "state",
                 "Notice not yet handled",
-                (Query("max by (node, provider) (llm_spot_notice_pending)", "{{node}}"),),
+                (
+                    Query(
+                        f"max by (node, provider) ({catalog.LLM_SPOT_NOTICE_PENDING})", "{{node}}"
+                    ),
+                ),
                 notice_book,
                 mappings=PENDING,
             ),
@@ -100,8 +105,10 @@ def _notice(spec: Spec) -> Section:
 
 def _triage(spec: Spec) -> Section:
     book = alert_runbook(spec, "SpotPreemptionNotice")
-    interrupted = "llm_spot_interrupted_requests_total"
-    wasted = "llm_spot_wasted_decode_tokens_total"
+    interrupted = catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL
+    wasted = catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL
+    aborted = catalog.LLM_SPOT_INFLIGHT_ABORTED_RATIO
+    triaged = catalog.LLM_SPOT_TRIAGED_REQUESTS_TOTAL
     # A gateway that never wasted a token has no series (the counter is labelled by reason, and
     # reasons appear when they happen): the target is 0, so show 0 rather than "No data".
     return Section(
@@ -131,7 +138,7 @@ def _triage(spec: Spec) -> Section:
             PanelDef(
                 "timeseries",
                 "In-flight share aborted by the last drain",
-                (Query("max by (node) (llm_spot_inflight_aborted_ratio)", "{{node}}"),),
+                (Query(f"max by (node) ({aborted})", "{{node}}"),),
                 book,
                 "percentunit",
             ),
@@ -162,8 +169,7 @@ def _triage(spec: Spec) -> Section:
                 "Triage decisions",
                 (
                     Query(
-                        "sum by (decision) "
-                        "(increase(llm_spot_triaged_requests_total[$__rate_interval]))",
+                        f"sum by (decision) (increase({triaged}[$__rate_interval]))",
                         "{{decision}}",
                     ),
                 ),
@@ -188,7 +194,7 @@ def _replacement(spec: Spec) -> Section:
             width=24,
         )
     ]
-    latency = "llm_spot_replacement_ready_latency_seconds"
+    latency = catalog.LLM_SPOT_REPLACEMENT_READY_LATENCY_SECONDS
     for provider in spec.spot.notice_seconds.model_dump():
         notice = spec.spot.notice_for(provider)
         title = f"Replacement ready latency, {provider} (notice {number(notice)} s)"

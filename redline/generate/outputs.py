@@ -10,8 +10,7 @@ from pathlib import Path
 from redline.dashboards.render import build_dashboard_outputs
 from redline.generate.compose import build_compose_outputs
 from redline.rules.alertmanager import build_alertmanager_config, build_prometheus_rule
-from redline.rules.build import build_rule_groups
-from redline.rules.promtool_tests import build_rule_tests
+from redline.rules.build import build_rule_groups, build_rule_tests
 from redline.rules.render import render_rule_file, render_yaml
 from redline.slo.spec import Spec
 

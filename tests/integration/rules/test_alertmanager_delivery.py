@@ -16,6 +16,7 @@ from redline.devstack.processes import Service, free_port, start_alertmanager
 from redline.remediation.jobs import JobStore
 from redline.rules.alertmanager import build_alertmanager_config
 from redline.rules.build import build_rule_groups
+from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.spec import Receiver
 from tests.support.remediation import (
@@ -130,7 +131,7 @@ def test_ha_pair_delivers_each_alert_once_and_resolution_runs_resolve_once(
             # Both Alertmanagers delivered: the second delivery of each alert is a duplicate.
             wait_for(
                 lambda: (
-                    "redline_webhook_duplicates_total 3.0"
+                    f"{catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL} 3.0"
                     in httpx.get(f"{server.url}/metrics").text
                 ),
                 timeout=20,
@@ -153,7 +154,7 @@ def test_ha_pair_delivers_each_alert_once_and_resolution_runs_resolve_once(
             resolved = wait_for(resolved_done, timeout=20, what="three resolve jobs")
             wait_for(
                 lambda: (
-                    "redline_webhook_duplicates_total 6.0"
+                    f"{catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL} 6.0"
                     in httpx.get(f"{server.url}/metrics").text
                 ),
                 timeout=20,
@@ -169,8 +170,9 @@ def test_ha_pair_delivers_each_alert_once_and_resolution_runs_resolve_once(
             steps = job_store.get(job.id).steps  # type: ignore[union-attr]
             assert [step["phase"] for step in steps] == ["plan", "resolve"]
         assert len(_jobs(job_store)) == 6
-        assert 'redline_webhook_alerts_total{status="firing"} 6.0' in metrics
-        assert 'redline_webhook_alerts_total{status="resolved"} 6.0' in metrics
+        alerts = catalog.REDLINE_WEBHOOK_ALERTS_TOTAL
+        assert f'{alerts}{{status="firing"}} 6.0' in metrics
+        assert f'{alerts}{{status="resolved"}} 6.0' in metrics
     finally:
         client.close()
 

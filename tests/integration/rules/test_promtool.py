@@ -22,6 +22,7 @@ from redline.generate.outputs import (
     write_outputs,
 )
 from redline.generate.toolcheck import run_checks
+from redline.slo import catalog
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import ErrorsSli, Slo, SlowRequestsSli, Spec
 
@@ -77,8 +78,8 @@ def test_local_profile_output_passes_every_check(tmp_path: Path) -> None:
         ("p99_5m > 0.8", "p99_5m > 1.5", "latency red line"),
         # the staleness red line inclusive of the boundary
         (
-            "vectordb_index_staleness_seconds) > 12",
-            "vectordb_index_staleness_seconds) >= 12",
+            f"{catalog.VECTORDB_INDEX_STALENESS_SECONDS}) > 12",
+            f"{catalog.VECTORDB_INDEX_STALENESS_SECONDS}) >= 12",
             "index staleness",
         ),
     ],

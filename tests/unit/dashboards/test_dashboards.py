@@ -43,6 +43,7 @@ from redline.devstack.multiregion import (
 )
 from redline.devstack.samples.dashboards import build_sample_openmetrics
 from redline.rules.build import build_rule_groups
+from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.spec import Spec
 
@@ -253,7 +254,7 @@ def test_sample_series_need_a_time_range(spec: Spec) -> None:
         build_sample_openmetrics(spec, 100, 100)
     text = build_sample_openmetrics(spec, 0, 600, 60)
     assert text.endswith("# EOF\n")
-    assert "# TYPE llm_request_duration_seconds histogram" in text
+    assert f"# TYPE {catalog.LLM_REQUEST_DURATION_SECONDS} histogram" in text
     assert "ALERTS{" not in text.split("# TYPE ALERTS")[0]
 
 

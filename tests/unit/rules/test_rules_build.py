@@ -6,10 +6,13 @@ import pytest
 import yaml
 
 from redline.rules.alertmanager import build_alertmanager_config, build_prometheus_rule
-from redline.rules.build import BURN_WINDOWS, build_rule_groups, burn_factor, rollback_gate_expr
+from redline.rules.build import build_rule_groups
+from redline.rules.families.rollback import rollback_gate_expr
+from redline.rules.families.slo import BURN_WINDOWS, burn_factor
 from redline.rules.model import format_duration, le_matcher, number
-from redline.rules.promtool_tests import humanize, humanize_duration
 from redline.rules.render import HEADER, render_rule_file
+from redline.rules.templating import humanize, humanize_duration
+from redline.slo import catalog
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import Spec
 
@@ -69,7 +72,7 @@ def test_burn_factors_are_the_classic_ones_for_30_days() -> None:
 
 def test_gate_reads_spec_values(spec: Spec) -> None:
     expr = rollback_gate_expr(spec)
-    assert "1.15 * max by (model, model_version) (model_baseline_p99_seconds)" in expr
+    assert f"1.15 * max by (model, model_version) ({catalog.MODEL_BASELINE_P99_SECONDS})" in expr
     assert "> 0.008 + 1e-09" in expr
     assert ">= 2000" in expr
     changed = spec.model_copy(

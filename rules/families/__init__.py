@@ -1,0 +1,1 @@
+"""One module per alert family: its rule groups and the promtool cases proving them."""

@@ -1,0 +1,135 @@
+"""Guards that turn silence into a page: an absent SLI series (dead exporter), a stale probe,
+and a remediation audit trail that no longer verifies; and the promtool cases that prove them."""
+
+from __future__ import annotations
+
+import math
+
+from redline.rules.common import alert_rule
+from redline.rules.model import AlertRule, RuleGroup, format_duration, number
+from redline.rules.promtool_cases import (
+    SERIES_INTERVAL,
+    AlertIndex,
+    Case,
+    constant,
+    expected,
+    series,
+)
+from redline.slo import catalog
+from redline.slo.spec import Spec
+
+
+def guarded_series(spec: Spec) -> tuple[tuple[str, str], ...]:
+    """(SLI, series) for every SLI series the alerts read: an absent one means a dead exporter,
+    which must page."""
+    return (
+        ("request_latency", f"{spec.sources.request_duration}_count"),
+        ("index_staleness", catalog.VECTORDB_INDEX_STALENESS_SECONDS.name),
+        ("delta_log", catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name),
+        ("session_rpo", catalog.SESSION_CDC_RPO_SECONDS.name),
+        # The TTL series appears on the probe's first run; the canary verdict only after
+        # `min_seconds` (300 s), which would page for five minutes after every start.
+        ("context_keepalive", catalog.SESSION_CONTEXT_TTL_SECONDS.name),
+        ("lora_checkpoint", catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS.name),
+        ("model_versions", catalog.MODEL_ACTIVE_INFO.name),
+        ("accuracy", catalog.LLM_EVAL_REQUESTS_TOTAL.name),
+        ("endpoint_probes", catalog.LLM_PROBE_SUCCESS.name),
+        ("embedding_drift", catalog.EMBEDDING_DRIFT_SCORE.name),
+    )
+
+
+def build_rules(spec: Spec) -> list[RuleGroup]:
+    """Absent and stale guards: a dead exporter or a stuck probe pages instead of going silent."""
+    timing = spec.timing
+    rules: list[AlertRule] = []
+    for sli, name in guarded_series(spec):
+        rules.append(
+            alert_rule(
+                spec,
+                "SLIAbsent",
+                f"absent({name})",
+                timing.absent_for_seconds,
+                "page",
+                f"SLI {sli} has no data",
+                f"No series {name} for {format_duration(timing.absent_for_seconds)}: its "
+                "exporter is down or not scraped, so its red line is not watched.",
+                sli=sli,
+            )
+        )
+    rules.append(
+        alert_rule(
+            spec,
+            "SLIStale",
+            f"time() - max by (probe) ({catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS}) "
+            f"> {number(timing.probe_stale_after_seconds)}",
+            0,
+            "page",
+            "Probe {{ $labels.probe }} has not succeeded recently",
+            f"The last success is {{{{ $value | humanizeDuration }}}} old (limit "
+            f"{number(timing.probe_stale_after_seconds)} s): the values it publishes are stale.",
+        )
+    )
+    # No playbook: a trail that no longer verifies is for people (the receiver records only).
+    rules.append(
+        alert_rule(
+            spec,
+            "AuditChainBroken",
+            f"min by (copy) ({catalog.REDLINE_AUDIT_CHAIN_INTACT}) == 0",
+            0,
+            "page",
+            "The remediation audit trail ({{ $labels.copy }}) no longer verifies",
+            "A record was edited, removed, inserted or reordered, or the copies diverge: "
+            "run `redline audit verify` to find the first bad record.",
+        )
+    )
+    return [RuleGroup("redline-guards", timing.evaluation_interval_seconds, tuple(rules))]
+
+
+def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
+    """Absent SLIs page, present ones do not; a probe that stopped succeeding is stale; a copy
+    of the audit trail that no longer verifies pages."""
+    minutes = math.ceil(spec.timing.absent_for_seconds / 60) + 5
+    guarded = guarded_series(spec)
+    every_sli = {name: constant(1, minutes) for _, name in guarded}
+    absent = [expected(alerts.get("SLIAbsent", sli=sli), {}, 1) for sli, _ in sorted(guarded)]
+    stale_after = spec.timing.probe_stale_after_seconds
+    eval_at = minutes * 60
+    last_success = catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS
+    return [
+        Case(
+            "absent guard: no SLI series at all pages for each",
+            {},
+            eval_at,
+            [("SLIAbsent", absent)],
+        ),
+        Case("absent guard: every SLI present is silent", every_sli, eval_at, [("SLIAbsent", [])]),
+        Case(
+            "stale guard: a probe whose last success is old fires, a fresh one does not",
+            {
+                series(last_success, {"probe": "dead"}): (constant(0, minutes)),
+                series(last_success, {"probe": "alive"}): (f"0+{SERIES_INTERVAL}x{minutes}"),
+            },
+            max(eval_at, math.ceil(stale_after / 60 + 1) * 60),
+            [
+                (
+                    "SLIStale",
+                    [
+                        expected(
+                            alerts.get("SLIStale"),
+                            {"probe": "dead"},
+                            float(max(eval_at, math.ceil(stale_after / 60 + 1) * 60)),
+                        )
+                    ],
+                )
+            ],
+        ),
+        Case(
+            "audit guard: a copy of the trail that no longer verifies pages, an intact one not",
+            {
+                series(catalog.REDLINE_AUDIT_CHAIN_INTACT, {"copy": "redis"}): constant(1, minutes),
+                series(catalog.REDLINE_AUDIT_CHAIN_INTACT, {"copy": "file"}): constant(0, minutes),
+            },
+            eval_at,
+            [("AuditChainBroken", [expected(alerts.get("AuditChainBroken"), {"copy": "file"}, 0)])],
+        ),
+    ]

@@ -1,0 +1,138 @@
+"""Recovery-point objectives of LoRA adapters, session state and the index delta log: alerts,
+and the promtool cases that prove them."""
+
+from __future__ import annotations
+
+from redline.rules.common import alert_rule
+from redline.rules.model import RuleGroup, number
+from redline.rules.promtool_cases import (
+    SERIES_INTERVAL,
+    AlertIndex,
+    Case,
+    constant,
+    expected,
+    series,
+)
+from redline.slo import catalog
+from redline.slo.spec import Spec
+
+
+def build_rules(spec: Spec) -> list[RuleGroup]:
+    """Alerts on the recovery-point objectives of adapters, sessions and the index delta log."""
+    rpo = spec.rpo
+    checkpoint = catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS
+    rules = (
+        alert_rule(
+            spec,
+            "LoRACheckpointRPOBreach",
+            f"time() - max by (adapter) ({checkpoint}) > {number(rpo.lora_adapter.max_seconds)}",
+            rpo.lora_adapter.for_seconds,
+            "critical",
+            "LoRA adapter {{ $labels.adapter }} has no checkpoint within its RPO",
+            f"The last successful checkpoint is {{{{ $value | humanizeDuration }}}} old "
+            f"(RPO {number(rpo.lora_adapter.max_seconds)} s).",
+            rpo.lora_adapter.playbook,
+            rpo="lora_adapter",
+        ),
+        alert_rule(
+            spec,
+            "SessionRPOBreach",
+            f"max by (stream, group) ({catalog.SESSION_CDC_RPO_SECONDS}) "
+            f"> {number(rpo.session_state.max_seconds)}",
+            rpo.session_state.for_seconds,
+            "critical",
+            "Session CDC stream {{ $labels.stream }} lags its replica beyond the RPO",
+            f"The oldest entry not ACKed by group {{{{ $labels.group }}}} is "
+            f"{{{{ $value | humanize }}}}s old (RPO {number(rpo.session_state.max_seconds)} s).",
+            rpo.session_state.playbook,
+            rpo="session_state",
+        ),
+        alert_rule(
+            spec,
+            "IndexDeltaLogRPOBreach",
+            f"max by (collection) ({catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS}) "
+            f"> {number(rpo.embedding_index.max_seconds)}",
+            rpo.embedding_index.for_seconds,
+            "critical",
+            "Index delta log has entries older than the RPO not yet on the replica",
+            f"The oldest pending delta-log entry is {{{{ $value | humanize }}}}s old "
+            f"(RPO {number(rpo.embedding_index.max_seconds)} s).",
+            rpo.embedding_index.playbook,
+            rpo="embedding_index",
+        ),
+    )
+    return [RuleGroup("redline-rpo", spec.timing.evaluation_interval_seconds, rules)]
+
+
+def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
+    """LoRA checkpoint age, session CDC lag and delta-log age, each over and at its RPO."""
+    rpo = spec.rpo
+    session = {"stream": "sessions:cdc", "group": "replica"}
+    lagging = {**session, "stream": "sessions:cdc:eu"}
+    lora_age = 600.0  # the checkpoint stamped at t=0, evaluated at 10m
+    checkpoint = catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS
+    delta_age = catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS
+    return [
+        Case(
+            "LoRA checkpoint RPO: an old checkpoint fires, a fresh one does not",
+            {
+                series(checkpoint, {"adapter": "old"}): (constant(0, 20)),
+                series(checkpoint, {"adapter": "fresh"}): (f"0+{SERIES_INTERVAL}x20"),
+            },
+            600,
+            [
+                (
+                    "LoRACheckpointRPOBreach",
+                    [expected(alerts.get("LoRACheckpointRPOBreach"), {"adapter": "old"}, lora_age)],
+                )
+            ],
+        ),
+        Case(
+            "session RPO: CDC lag over the RPO fires, at the RPO stays silent",
+            {
+                series(catalog.SESSION_CDC_RPO_SECONDS, lagging): constant(
+                    rpo.session_state.max_seconds + 1, 20
+                ),
+                series(catalog.SESSION_CDC_RPO_SECONDS, session): constant(
+                    rpo.session_state.max_seconds, 20
+                ),
+            },
+            600,
+            [
+                (
+                    "SessionRPOBreach",
+                    [
+                        expected(
+                            alerts.get("SessionRPOBreach"),
+                            lagging,
+                            rpo.session_state.max_seconds + 1,
+                        )
+                    ],
+                )
+            ],
+        ),
+        Case(
+            "delta-log RPO: pending entries older than the RPO fire",
+            {
+                series(delta_age, {"collection": "a"}): (
+                    constant(rpo.embedding_index.max_seconds + 3, 20)
+                ),
+                series(delta_age, {"collection": "b"}): (
+                    constant(rpo.embedding_index.max_seconds, 20)
+                ),
+            },
+            600,
+            [
+                (
+                    "IndexDeltaLogRPOBreach",
+                    [
+                        expected(
+                            alerts.get("IndexDeltaLogRPOBreach"),
+                            {"collection": "a"},
+                            rpo.embedding_index.max_seconds + 3,
+                        )
+                    ],
+                )
+            ],
+        ),
+    ]

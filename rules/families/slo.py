@@ -1,0 +1,190 @@
+"""Error-budget SLOs: error ratios over every burn window, budget bookkeeping and the
+multiwindow burn-rate alerts (page and ticket), and the promtool cases that prove them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redline.rules.common import alert_rule
+from redline.rules.model import (
+    AlertRule,
+    RecordingRule,
+    RuleGroup,
+    format_duration,
+    le_matcher,
+    number,
+    selector,
+)
+from redline.rules.promtool_cases import (
+    AlertIndex,
+    Case,
+    bucket_around,
+    counter,
+    expected,
+    histogram,
+    series,
+)
+from redline.slo import catalog
+from redline.slo.spec import Slo, Spec, parse_duration
+
+
+@dataclass(frozen=True)
+class BurnWindow:
+    """One multiwindow burn-rate condition: both windows must burn faster than `factor`."""
+
+    long_seconds: int
+    short_seconds: int
+    budget_fraction: float  # share of the period's budget this burn consumes in `long`
+    severity: str
+
+
+BURN_WINDOWS = (
+    BurnWindow(3600, 300, 0.02, "page"),  # 14.4x over 30d
+    BurnWindow(6 * 3600, 1800, 0.05, "page"),  # 6x
+    BurnWindow(86400, 7200, 0.10, "ticket"),  # 3x
+    BurnWindow(3 * 86400, 6 * 3600, 0.10, "ticket"),  # 1x
+)
+
+
+def burn_factor(window: BurnWindow, period_seconds: float) -> float:
+    """How many times faster than sustainable the budget burns in this condition."""
+    return window.budget_fraction * period_seconds / window.long_seconds
+
+
+def burn_rate_windows() -> list[int]:
+    """Every rate window (seconds) the burn-rate alerts read, shortest first."""
+    seconds = {w.long_seconds for w in BURN_WINDOWS} | {w.short_seconds for w in BURN_WINDOWS}
+    return sorted(seconds)
+
+
+def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
+    """PromQL for an SLO's share of bad events over `window`."""
+    match slo.sli.kind:
+        case "slow_requests":
+            base = spec.sources.request_duration
+            good = selector(slo.sli.selector, le_matcher(slo.sli.threshold_seconds))
+            total = selector(slo.sli.selector)
+            return (
+                f"1 - (\n  sum(rate({base}_bucket{good}[{window}]))\n  /\n"
+                f"  sum(rate({base}_count{total}[{window}]))\n)"
+            )
+        case "errors":
+            sel = selector(slo.sli.selector)
+            return (
+                f"sum(rate({spec.sources.errors_total}{sel}[{window}]))\n/\n"
+                f"sum(rate({spec.sources.requests_total}{sel}[{window}]))"
+            )
+
+
+def build_slo_group(spec: Spec, slo: Slo) -> RuleGroup:
+    """Error ratios over every burn window, budget bookkeeping and the burn-rate alerts."""
+    period = parse_duration(slo.period)
+    budget = 1 - slo.objective
+    labels = {"slo": slo.name}
+    rules: list[RecordingRule | AlertRule] = []
+    for seconds in [*burn_rate_windows(), int(period)]:
+        window = format_duration(seconds)
+        expr = slo_error_ratio_expr(spec, slo, window)
+        rules.append(RecordingRule(catalog.slo_errors_record(window), expr, labels))
+    sel = selector(labels)
+    rules.append(
+        RecordingRule(catalog.SLO_OBJECTIVE_RECORD, f"vector({number(slo.objective)})", labels)
+    )
+    rules.append(
+        RecordingRule(
+            catalog.SLO_ERROR_BUDGET_REMAINING_RECORD,
+            f"1 - ({catalog.slo_errors_record(format_duration(period))}{sel} / {number(budget)})",
+            labels,
+        )
+    )
+    for severity in ("page", "ticket"):
+        windows = [w for w in BURN_WINDOWS if w.severity == severity]
+        conditions = []
+        for w in windows:
+            threshold = number(burn_factor(w, period) * budget)
+            long_w, short_w = format_duration(w.long_seconds), format_duration(w.short_seconds)
+            conditions.append(
+                f"(\n  {catalog.slo_errors_record(long_w)}{sel} > {threshold}\n"
+                f"  and\n  {catalog.slo_errors_record(short_w)}{sel} > {threshold}\n)"
+            )
+        pairs = ", ".join(
+            f"{number(burn_factor(w, period))}x over "
+            f"{format_duration(w.long_seconds)}/{format_duration(w.short_seconds)}"
+            for w in windows
+        )
+        rules.append(
+            alert_rule(
+                spec,
+                slo.burn_alert_name,
+                "\nor\n".join(conditions),
+                120 if severity == "page" else 900,
+                severity,
+                f"{slo.name} SLO is burning its {slo.period} error budget ({severity})",
+                f"The {slo.name} SLO (objective {number(slo.objective * 100)} %) has "
+                f"{{{{ $value | humanizePercentage }}}} bad events, burning its error budget "
+                f"faster than {pairs}.",
+                slo.playbook if severity == "page" else None,
+                slo=slo.name,
+            )
+        )
+    return RuleGroup(
+        f"redline-slo-{slo.name}", spec.timing.evaluation_interval_seconds, tuple(rules)
+    )
+
+
+def build_rules(spec: Spec) -> list[RuleGroup]:
+    """One group per SLO, in the spec's order."""
+    return [build_slo_group(spec, slo) for slo in spec.slos]
+
+
+def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
+    """Burn-rate alerts: all-bad traffic pages and tickets; traffic within budget is silent."""
+    budget = 1 - slo.objective
+    labels = {"region": spec.regions[0], "model": "chat", "model_version": "v1", "status": "200"}
+    labels.update(slo.sli.selector)
+    match slo.sli.kind:
+        case "slow_requests":
+            at, above = bucket_around(spec, slo.sli.threshold_seconds)
+            bad = histogram(spec, labels, {above: 100}, 60)
+            # Half the budget: 1000 requests a minute, budget/2 of them slow.
+            bad_per_min = 1000 * budget / 2
+            good = histogram(
+                spec, labels, {at: int(1000 - bad_per_min), above: int(bad_per_min)}, 60
+            )
+        case "errors":
+            sel = dict(labels)
+            bad = {
+                series(spec.sources.requests_total, sel): counter(100, 60),
+                series(spec.sources.errors_total, sel): counter(100, 60),
+            }
+            good = {
+                series(spec.sources.requests_total, sel): counter(10000, 60),
+                series(spec.sources.errors_total, sel): counter(10000 * budget / 2, 60),
+            }
+    name = slo.burn_alert_name
+    page, ticket = alerts.get(name, severity="page"), alerts.get(name, severity="ticket")
+    period = parse_duration(slo.period)
+    fastest = max(burn_factor(w, period) for w in BURN_WINDOWS) * budget
+    assert fastest < 1, "an all-bad SLI must burn faster than the fastest alert"
+    return [
+        Case(
+            f"{slo.name} SLO: every request bad pages and tickets",
+            bad,
+            1800,
+            [
+                (
+                    name,
+                    [
+                        expected(page, {"slo": slo.name}, 1.0),
+                        expected(ticket, {"slo": slo.name}, 1.0),
+                    ],
+                ),
+            ],
+        ),
+        Case(f"{slo.name} SLO: half the budget's error rate is silent", good, 1800, [(name, [])]),
+    ]
+
+
+def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
+    """The burn-rate cases of every SLO, in the spec's order."""
+    return [case for slo in spec.slos for case in build_slo_cases(spec, alerts, slo)]
