@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from redline.slo import catalog
+
 PlaybookName = Literal[
     "semantic_rollback",
     "freeze_writes",
@@ -207,10 +209,15 @@ class Sources(_Model):
     """Which series carry each SLI (redline's own exporters by default, or vLLM's)."""
 
     request_duration: MetricName = Field(
-        "llm_request_duration_seconds", description="End-to-end latency histogram (base name)."
+        catalog.LLM_REQUEST_DURATION_SECONDS.name,
+        description="End-to-end latency histogram (base name).",
     )
-    requests_total: MetricName = Field("llm_requests_total", description="Request counter.")
-    errors_total: MetricName = Field("llm_request_errors_total", description="Error counter.")
+    requests_total: MetricName = Field(
+        catalog.LLM_REQUESTS_TOTAL.name, description="Request counter."
+    )
+    errors_total: MetricName = Field(
+        catalog.LLM_REQUEST_ERRORS_TOTAL.name, description="Error counter."
+    )
     histogram_buckets: tuple[PositiveFloat, ...] = Field(
         (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
         min_length=1,

@@ -1,0 +1,496 @@
+"""The metric catalog: every series, label and recording-rule name redline emits or reads, once.
+
+This module is the contract between the exporters, the gateway, the rules, the dashboards, the
+reports and the tests. Code elsewhere never spells a series name as a string: it imports the
+`Metric` from here, whose `str()` is the exposed name, so PromQL reads naturally::
+
+    f"sum(rate({catalog.LLM_REQUESTS_TOTAL}[5m]))"
+
+Names follow Prometheus conventions: base units (`_seconds`, `_ratio`, `_bytes`), counters end in
+`_total`, info series in `_info`, label names are lowercase. prometheus_client wants a counter's
+name without `_total` when it is declared: that is `Metric.family`.
+
+`docs/architecture.md` prints this catalog as a table (`render_catalog_markdown`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["counter", "gauge", "histogram", "info"]
+
+# Label names shared by many series.
+LABEL_REGION = "region"
+LABEL_SERVED_REGION = "served_region"
+LABEL_REROUTED = "rerouted"
+LABEL_MODEL = "model"
+LABEL_MODEL_VERSION = "model_version"
+LABEL_STATUS = "status"
+LABEL_PROBE = "probe"
+LABEL_COLLECTION = "collection"
+LABEL_REPLICA = "replica"
+LABEL_NODE = "node"
+LABEL_PROVIDER = "provider"
+LABEL_PLAYBOOK = "playbook"
+LABEL_OUTCOME = "outcome"
+LABEL_SLO = "slo"
+LABEL_SLI = "sli"
+LABEL_SEVERITY = "severity"
+
+REQUEST_LABELS = (
+    LABEL_REGION,
+    LABEL_SERVED_REGION,
+    LABEL_REROUTED,
+    LABEL_MODEL,
+    LABEL_MODEL_VERSION,
+    LABEL_STATUS,
+)
+TOKEN_LABELS = (LABEL_SERVED_REGION, LABEL_MODEL, LABEL_MODEL_VERSION)
+VERSION_LABELS = (LABEL_MODEL, LABEL_MODEL_VERSION)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One series family: its exposed name, type, help text and label names."""
+
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+    """Fixed histogram buckets; empty when the spec chooses them (the latency histogram)."""
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def family(self) -> str:
+        """The name prometheus_client takes when the metric is declared (no `_total`/`_info`)."""
+        for suffix in ("_total", "_info") if self.kind in ("counter", "info") else ():
+            if self.name.endswith(suffix):
+                return self.name.removesuffix(suffix)
+        return self.name
+
+    @property
+    def bucket(self) -> str:
+        """The histogram's `_bucket` series."""
+        return self._histogram_series("_bucket")
+
+    @property
+    def count(self) -> str:
+        """The histogram's `_count` series."""
+        return self._histogram_series("_count")
+
+    @property
+    def sum(self) -> str:
+        """The histogram's `_sum` series."""
+        return self._histogram_series("_sum")
+
+    def _histogram_series(self, suffix: str) -> str:
+        if self.kind != "histogram":
+            raise TypeError(f"{self.name} is a {self.kind}, not a histogram")
+        return self.name + suffix
+
+
+# --- requests at the gateway (P99 including reroute) ---------------------------------------
+LLM_REQUEST_DURATION_SECONDS = Metric(
+    "llm_request_duration_seconds",
+    "histogram",
+    "End-to-end latency at the gateway, reroutes included.",
+    REQUEST_LABELS,
+)
+LLM_REQUESTS_TOTAL = Metric(
+    "llm_requests_total", "counter", "Requests answered by the gateway.", REQUEST_LABELS
+)
+LLM_REQUEST_ERRORS_TOTAL = Metric(
+    "llm_request_errors_total",
+    "counter",
+    "Requests that ended in an error (status >= 500 or a cut stream).",
+    REQUEST_LABELS,
+)
+LLM_REROUTES_TOTAL = Metric(
+    "llm_reroutes_total",
+    "counter",
+    "Requests moved from one region to the next, by reason.",
+    ("from_region", "to_region", "reason"),
+)
+LLM_GENERATED_TOKENS_TOTAL = Metric(
+    "llm_generated_tokens_total",
+    "counter",
+    "Completion tokens served (from usage, or counted in the stream).",
+    TOKEN_LABELS,
+)
+LLM_PROMPT_TOKENS_TOTAL = Metric(
+    "llm_prompt_tokens_total", "counter", "Prompt tokens served (from usage).", TOKEN_LABELS
+)
+LLM_TIME_TO_FIRST_TOKEN_SECONDS = Metric(
+    "llm_time_to_first_token_seconds",
+    "histogram",
+    "Time from a streamed request's arrival to its first content token.",
+    TOKEN_LABELS,
+    (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8, 1.0, 2.0, 5.0, 10.0),
+)
+LLM_GATEWAY_UPSTREAM_HEALTHY = Metric(
+    "llm_gateway_upstream_healthy",
+    "gauge",
+    "1 unless the region failed repeatedly and is being tried last.",
+    (LABEL_REGION,),
+)
+LLM_GATEWAY_ROUTING_STORE_UP = Metric(
+    "llm_gateway_routing_store_up",
+    "gauge",
+    "1 if the last read of the routing state from Redis succeeded.",
+)
+LLM_GATEWAY_NODE_DRAINING = Metric(
+    "llm_gateway_node_draining",
+    "gauge",
+    "1 while this gateway holds a node's admission closed for a spot drain.",
+    (LABEL_NODE,),
+)
+
+# --- endpoint probes and accuracy ----------------------------------------------------------
+LLM_PROBE_SUCCESS = Metric(
+    "llm_probe_success",
+    "gauge",
+    "1 if the region's endpoint check (healthz, chat_dry_run) succeeded.",
+    (LABEL_REGION, LABEL_PROBE),
+)
+LLM_PROBE_DURATION_SECONDS = Metric(
+    "llm_probe_duration_seconds",
+    "gauge",
+    "Duration of the region's last endpoint check.",
+    (LABEL_REGION, LABEL_PROBE),
+)
+LLM_EVAL_REQUESTS_TOTAL = Metric(
+    "llm_eval_requests_total",
+    "counter",
+    "Golden prompts answered, by model and serving version.",
+    VERSION_LABELS,
+)
+LLM_EVAL_CORRECT_TOTAL = Metric(
+    "llm_eval_correct_total",
+    "counter",
+    "Golden prompts answered correctly, by model and serving version.",
+    VERSION_LABELS,
+)
+
+# --- model versions, baselines, checkpoints ------------------------------------------------
+MODEL_ACTIVE_INFO = Metric(
+    "model_active_info",
+    "gauge",
+    "1 for the snapshot each model serves, with its version and file hashes.",
+    (LABEL_MODEL, "version", "weights_hash", "config_hash"),
+)
+MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS = Metric(
+    "model_checkpoint_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the last successful checkpoint of a LoRA adapter.",
+    ("adapter",),
+)
+MODEL_BASELINE_P99_SECONDS = Metric(
+    "model_baseline_p99_seconds",
+    "gauge",
+    "P99 latency recorded when the model version was verified.",
+    VERSION_LABELS,
+)
+MODEL_BASELINE_ACCURACY_RATIO = Metric(
+    "model_baseline_accuracy_ratio",
+    "gauge",
+    "Golden-set accuracy recorded when the model version was verified.",
+    VERSION_LABELS,
+)
+
+# --- vector index ---------------------------------------------------------------------------
+VECTORDB_INDEX_STALENESS_SECONDS = Metric(
+    "vectordb_index_staleness_seconds",
+    "gauge",
+    "Seconds between a canary's write on the primary and its visibility on the replica "
+    "(now - written while not yet visible).",
+    (LABEL_COLLECTION, LABEL_REPLICA),
+)
+VECTORDB_DELTA_LOG_PENDING_ENTRIES = Metric(
+    "vectordb_delta_log_pending_entries",
+    "gauge",
+    "Delta-log entries after the replica's checkpoint.",
+    (LABEL_COLLECTION, LABEL_REPLICA),
+)
+VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS = Metric(
+    "vectordb_delta_log_oldest_pending_age_seconds",
+    "gauge",
+    "Age of the oldest delta-log entry after the replica's checkpoint (0 when none).",
+    (LABEL_COLLECTION, LABEL_REPLICA),
+)
+VECTORDB_WRITE_FROZEN = Metric(
+    "vectordb_write_frozen",
+    "gauge",
+    "1 while writes to the primary are frozen (they still land in the delta log).",
+    (LABEL_COLLECTION,),
+)
+VECTORDB_DELTA_LOG_REPLAYED_TOTAL = Metric(
+    "vectordb_delta_log_replayed_total",
+    "counter",
+    "Delta-log entries applied to the replica by replays.",
+    (LABEL_COLLECTION, LABEL_REPLICA),
+)
+
+# --- sessions -------------------------------------------------------------------------------
+SESSION_CDC_RPO_SECONDS = Metric(
+    "session_cdc_rpo_seconds",
+    "gauge",
+    "Age of the oldest CDC entry the group has not ACKed (pending or undelivered).",
+    ("stream", "group"),
+)
+SESSION_CONTEXT_TTL_SECONDS = Metric(
+    "session_context_ttl_seconds",
+    "gauge",
+    "Effective TTL of recently written session keys (min of age + remaining TTL).",
+)
+SESSION_KEEPALIVE_PROBE_SUCCESS = Metric(
+    "session_keepalive_probe_success",
+    "gauge",
+    "1 if the canary sessions checked last were alive on primary and replica after "
+    "the keep-alive minimum.",
+)
+SESSION_CONTEXT_EVICTED_TOTAL = Metric(
+    "session_context_evicted_total",
+    "counter",
+    "Session keys expired or evicted before the keep-alive minimum.",
+)
+
+# --- embedding drift ------------------------------------------------------------------------
+EMBEDDING_DRIFT_SCORE = Metric(
+    "embedding_drift_score",
+    "gauge",
+    "Drift score of the latest window of embeddings against the reference.",
+    (LABEL_COLLECTION, "method"),
+)
+EMBEDDING_DRIFT_THRESHOLD = Metric(
+    "embedding_drift_threshold",
+    "gauge",
+    "Threshold of the drift score, calibrated on the reference (bounded false-positive rate).",
+    (LABEL_COLLECTION, "method"),
+)
+EMBEDDING_DRIFT_WINDOW_SAMPLES = Metric(
+    "embedding_drift_window_samples",
+    "gauge",
+    "Valid vectors scored in the latest window (valid vectors seen when too few to score).",
+    (LABEL_COLLECTION,),
+)
+EMBEDDING_DRIFT_INVALID_VECTORS_TOTAL = Metric(
+    "embedding_drift_invalid_vectors_total",
+    "counter",
+    "Window vectors skipped at each evaluation: wrong dimension, NaN/inf, undecodable.",
+    (LABEL_COLLECTION, "reason"),
+)
+
+# --- spot preemption ------------------------------------------------------------------------
+LLM_SPOT_NOTICE_TO_DRAINING_SECONDS = Metric(
+    "llm_spot_notice_to_draining_seconds",
+    "histogram",
+    "Seconds from a spot interruption notice to DRAINING (admission closed, triage done).",
+    (LABEL_NODE, LABEL_PROVIDER),
+    (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0),
+)
+LLM_SPOT_NOTICES_TOTAL = Metric(
+    "llm_spot_notices_total",
+    "counter",
+    "Spot notices seen, by kind (interruption, rebalance).",
+    (LABEL_NODE, LABEL_PROVIDER, "kind"),
+)
+LLM_SPOT_AGENT_ERRORS_TOTAL = Metric(
+    "llm_spot_agent_errors_total",
+    "counter",
+    "Failures of the agent's sources or flow steps.",
+    (LABEL_NODE,),
+)
+LLM_NODE_STATE = Metric(
+    "llm_node_state", "gauge", "1 for the spot node's current state.", (LABEL_NODE, "state")
+)
+LLM_SPOT_REPLACEMENT_READY_LATENCY_SECONDS = Metric(
+    "llm_spot_replacement_ready_latency_seconds",
+    "gauge",
+    "Node gone (TERMINATING, or its termination time if later) -> RECOVERED of the last "
+    "replacement; while it is not ready yet, the seconds waited so far.",
+    (LABEL_NODE, LABEL_PROVIDER),
+)
+LLM_SPOT_DRAIN_BUDGET_SECONDS = Metric(
+    "llm_spot_drain_budget_seconds",
+    "gauge",
+    "Drain budget of the node's last preemption.",
+    (LABEL_NODE,),
+)
+LLM_SPOT_NOTICE_PENDING = Metric(
+    "llm_spot_notice_pending",
+    "gauge",
+    "1 while the node has an interruption notice that no drain has handled yet.",
+    (LABEL_NODE, LABEL_PROVIDER),
+)
+LLM_SPOT_INFLIGHT_ABORTED_RATIO = Metric(
+    "llm_spot_inflight_aborted_ratio",
+    "gauge",
+    "Share of the requests in flight on a node that its last drain aborted.",
+    (LABEL_NODE,),
+)
+LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL = Metric(
+    "llm_spot_wasted_decode_tokens_total",
+    "counter",
+    "Decoded tokens thrown away by spot preemptions (never served, or served and then "
+    "regenerated), by reason.",
+    (LABEL_NODE, "reason"),
+)
+LLM_SPOT_TRIAGED_REQUESTS_TOTAL = Metric(
+    "llm_spot_triaged_requests_total",
+    "counter",
+    "In-flight requests triaged by a drain, by decision (continue, abort).",
+    (LABEL_NODE, "decision"),
+)
+LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL = Metric(
+    "llm_spot_interrupted_requests_total",
+    "counter",
+    "Requests a preemption interrupted, by whether the client can recover them.",
+    (LABEL_NODE, "recoverable"),
+)
+LLM_SPOT_RETRIES_TOTAL = Metric(
+    "llm_spot_retries_total",
+    "counter",
+    "Retries of interrupted requests: resumed after the prefix, regenerated, refused.",
+    (LABEL_OUTCOME,),
+)
+
+# --- redline's own probes, receiver, audit and reports --------------------------------------
+REDLINE_PROBE_SUCCESS = Metric(
+    "redline_probe_success", "gauge", "1 if the probe's last run succeeded.", (LABEL_PROBE,)
+)
+REDLINE_PROBE_DURATION_SECONDS = Metric(
+    "redline_probe_duration_seconds", "gauge", "Duration of the probe's last run.", (LABEL_PROBE,)
+)
+REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS = Metric(
+    "redline_probe_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time of the probe's last successful run.",
+    (LABEL_PROBE,),
+)
+REDLINE_WEBHOOK_ALERTS_TOTAL = Metric(
+    "redline_webhook_alerts_total",
+    "counter",
+    "Alerts received in valid webhook deliveries, by alert status.",
+    (LABEL_STATUS,),
+)
+REDLINE_WEBHOOK_DUPLICATES_TOTAL = Metric(
+    "redline_webhook_duplicates_total",
+    "counter",
+    "Alerts already recorded (HA peers, retries, repeats): acknowledged, nothing run.",
+)
+REDLINE_REMEDIATION_RUNS_TOTAL = Metric(
+    "redline_remediation_runs_total",
+    "counter",
+    "Playbook runs by final outcome (succeeded, failed, dry_run) or retry.",
+    (LABEL_PLAYBOOK, LABEL_OUTCOME),
+)
+REDLINE_REMEDIATION_DURATION_SECONDS = Metric(
+    "redline_remediation_duration_seconds",
+    "histogram",
+    "Duration of playbook runs (one attempt each).",
+    (LABEL_PLAYBOOK,),
+)
+REDLINE_AUDIT_CHAIN_INTACT = Metric(
+    "redline_audit_chain_intact",
+    "gauge",
+    "1 when the copy of the audit trail verifies (hashes, order, head), 0 when it does not.",
+    ("copy",),
+)
+REDLINE_AUDIT_RECORDS = Metric(
+    "redline_audit_records", "gauge", "Records in the copy of the audit trail.", ("copy",)
+)
+REDLINE_AUDIT_VERIFIED_TIMESTAMP_SECONDS = Metric(
+    "redline_audit_verified_timestamp_seconds",
+    "gauge",
+    "When the audit trail was last verified (Unix time).",
+)
+REDLINE_REPORT_RUNS_TOTAL = Metric(
+    "redline_report_runs_total",
+    "counter",
+    "Scheduled report runs by outcome (success, failure, skipped: tick already taken).",
+    ("schedule", LABEL_OUTCOME),
+)
+REDLINE_REPORT_LAST_SUCCESS_TIMESTAMP_SECONDS = Metric(
+    "redline_report_last_success_timestamp_seconds",
+    "gauge",
+    "When the last scheduled report was published.",
+    ("schedule",),
+)
+
+METRICS: tuple[Metric, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, Metric)
+)
+"""Every series family redline emits, in the order above."""
+
+_BY_NAME = {metric.name: metric for metric in METRICS}
+
+
+def by_name(name: str) -> Metric:
+    """The catalog entry of an exposed series name; KeyError naming the known ones otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in the metric catalog") from None
+
+
+def series_names() -> frozenset[str]:
+    """Every name a query may read: families, histogram parts and declared family names."""
+    names: set[str] = set()
+    for metric in METRICS:
+        names.update({metric.name, metric.family})
+        if metric.kind == "histogram":
+            names.update({metric.bucket, metric.count, metric.sum})
+    return frozenset(names)
+
+
+# --- recording rules (`level:metric:operations`) --------------------------------------------
+RECORD_PREFIX = "redline:"
+SLO_OBJECTIVE_RECORD = "redline:slo_objective:ratio"
+SLO_ERROR_BUDGET_REMAINING_RECORD = "redline:slo_error_budget:remaining_ratio"
+
+
+def quantile_record(base: str, quantile_label: str, window: str) -> str:
+    """Per-region latency quantile of the histogram `base`, e.g. `redline:<base>:p99_5m`."""
+    return f"redline:{base}:p{quantile_label}_{window}"
+
+
+def p99_by_version_record(base: str, window: str) -> str:
+    """P99 of the histogram `base` per model version over the rollback window."""
+    return f"redline:{base}:p99_by_version_{window}"
+
+
+def requests_by_version_record(base: str, window: str) -> str:
+    """Requests per model version (the histogram's `_count` increase) over `window`."""
+    return f"redline:{base}_count:increase_by_version_{window}"
+
+
+def accuracy_record(window: str) -> str:
+    """Golden-set accuracy per model version over `window`."""
+    return f"redline:llm_eval_accuracy:ratio_{window}"
+
+
+def slo_errors_record(window: str) -> str:
+    """Share of bad events of every SLO (label `slo`) over `window`."""
+    return f"redline:slo_errors:ratio_rate{window}"
+
+
+def spot_notice_to_draining_record(window: str) -> str:
+    """P95 of notice -> DRAINING over `window`."""
+    return f"redline:{LLM_SPOT_NOTICE_TO_DRAINING_SECONDS}:p95_{window}"
+
+
+def render_catalog_markdown() -> str:
+    """The catalog as a Markdown table (series, type, labels, meaning) for docs/architecture.md."""
+    lines = ["| series | type | labels | meaning |", "|---|---|---|---|"]
+    for metric in METRICS:
+        labels = ", ".join(f"`{label}`" for label in metric.labels) or "–"
+        lines.append(f"| `{metric.name}` | {metric.kind} | {labels} | {metric.help} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_catalog_markdown(), end="")
