@@ -17,36 +17,49 @@ from pathlib import Path
 import numpy as np
 
 from redline.devstack.samples.report import backfill, build_sample, ts, write_openmetrics
-from redline.reporting.fetch import PromClient
-from redline.reporting.html import render_html
-from redline.reporting.markdown import render_markdown
+from redline.platform.prometheus import PrometheusClient
+from redline.reporting.render.html import render_html
+from redline.reporting.render.markdown import render_markdown
+from redline.reporting.render.tables import render_csv_tables, render_json
 from redline.reporting.run import generate_report
-from redline.reporting.tables import render_csv_tables, render_json
+from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.report import Window
 
 RAW_SERIES = (
-    "llm_request_duration_seconds_bucket", "llm_request_duration_seconds_count",
-    "llm_requests_total", "llm_request_errors_total", "vectordb_index_staleness_seconds",
-    "session_cdc_rpo_seconds", "vectordb_delta_log_oldest_pending_age_seconds",
-    "model_checkpoint_last_success_timestamp_seconds", "session_context_ttl_seconds",
-    "session_keepalive_probe_success", "embedding_drift_score", "embedding_drift_threshold",
-    "ALERTS", "redline_remediation_runs_total", "llm_probe_success",
-)  # fmt: skip
+    catalog.LLM_REQUEST_DURATION_SECONDS.bucket,
+    catalog.LLM_REQUEST_DURATION_SECONDS.count,
+    *(
+        metric.name
+        for metric in (
+            catalog.LLM_REQUESTS_TOTAL,
+            catalog.LLM_REQUEST_ERRORS_TOTAL,
+            catalog.VECTORDB_INDEX_STALENESS_SECONDS,
+            catalog.SESSION_CDC_RPO_SECONDS,
+            catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS,
+            catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS,
+            catalog.SESSION_CONTEXT_TTL_SECONDS,
+            catalog.SESSION_KEEPALIVE_PROBE_SUCCESS,
+            catalog.EMBEDDING_DRIFT_SCORE,
+            catalog.EMBEDDING_DRIFT_THRESHOLD,
+        )
+    ),
+    "ALERTS",
+    catalog.REDLINE_REMEDIATION_RUNS_TOTAL.name,
+    catalog.LLM_PROBE_SUCCESS.name,
+)
 
 
 def naive(url: str, window: Window) -> tuple[float, int, float]:
     """One unchunked raw read per series; attainment of the availability SLO computed locally."""
     began = time.perf_counter()
-    client = PromClient(url, timeout=300)
+    client = PrometheusClient(url, timeout=300)
     samples = 0
     attained = float("nan")
     try:
         series: dict[str, list[tuple[dict[str, str], np.ndarray]]] = {}
         for name in RAW_SERIES:
-            result = client._prom.custom_query(  # noqa: SLF001 - the naive baseline reads raw
-                f"{name}[{2 * window.seconds}s]", params={"time": str(window.end)}
-            )
+            result = client.instant_raw(f"{name}[{2 * window.seconds}s]", window.end)["result"]
             series[name] = [
                 (item["metric"], np.array([[float(t), float(v)] for t, v in item["values"]]))
                 for item in result
@@ -60,8 +73,9 @@ def naive(url: str, window: Window) -> tuple[float, int, float]:
                 total += float(inside[-1, 1] - inside[0, 1]) if len(inside) else 0.0
             return total
 
-        attained = 1 - increase("llm_request_errors_total") / increase("llm_requests_total")
-        queries = client.queries
+        errors = increase(catalog.LLM_REQUEST_ERRORS_TOTAL.name)
+        attained = 1 - errors / increase(catalog.LLM_REQUESTS_TOTAL.name)
+        queries = client.sent
     finally:
         client.close()
     print(f"  naive: {samples:,} raw samples moved; availability attained {attained:.6f}")

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import httpx
 import typer
 
 from redline.cli.common import err, fail, out
@@ -22,6 +21,7 @@ from redline.devstack.dashcheck.check import (
     load_dashboards,
     render_outcomes,
 )
+from redline.platform.prometheus import PrometheusClient, PrometheusUnavailableError
 from redline.slo.load import SpecError, apply_profile, load_spec
 
 dashboards_app = typer.Typer(
@@ -59,11 +59,11 @@ def check(
         raise fail(str(exc)) from None
     end = time.time()
     try:
-        with httpx.Client(base_url=prometheus, timeout=30.0, trust_env=False) as client:
+        with PrometheusClient(prometheus, timeout=30.0, trust_env=False) as client:
             outcomes = check_dashboards(
                 client, dashboards, end - last, end, timing.scrape_interval_seconds
             )
-    except DashboardCheckError as exc:
+    except PrometheusUnavailableError as exc:
         err.print(f"Prometheus unreachable: {exc}", markup=False)
         raise typer.Exit(3) from None
     out.print(render_outcomes(outcomes), markup=False)

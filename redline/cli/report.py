@@ -96,7 +96,7 @@ def report(
     """Write one SLO report for a period (default: the last 7 days)."""
     if ctx.invoked_subcommand is not None:
         return
-    from redline.reporting.fetch import PrometheusQueryError, PrometheusUnavailableError
+    from redline.platform.prometheus import PrometheusError
     from redline.reporting.pdf import PdfError
     from redline.reporting.run import PeriodError, choose_window, generate_report
     from redline.reporting.write import FormatError, parse_formats, write_report
@@ -116,10 +116,7 @@ def report(
         generated = generate_report(
             prometheus, loaded.spec, loaded.source, window, step=step, timeout=timeout
         )
-    except PrometheusUnavailableError as exc:
-        _say(err, f"error: {exc}")
-        raise typer.Exit(3) from None
-    except PrometheusQueryError as exc:
+    except PrometheusError as exc:
         _say(err, f"error: {exc}")
         raise typer.Exit(3) from None
     except ReportError as exc:
@@ -144,7 +141,7 @@ def report(
 @report_app.command("schema")
 def schema() -> None:
     """Print the JSON Schema of the report's JSON output."""
-    from redline.reporting.tables import render_schema
+    from redline.reporting.render.tables import render_schema
 
     console.out(render_schema(), end="", highlight=False)
 

@@ -1,33 +1,28 @@
-"""Read the report's series from Prometheus (prometheus-api-client, retries, chunked ranges).
+"""Read the report's series from Prometheus (chunked ranges and raw reads, queries in parallel).
 
 Every number is computed by Prometheus at a coarse step (hourly sums of counters, subqueries
 counting evaluation steps past a line), so a 30-day report moves a few thousand points, not
 every raw sample. Recording rules are read where they exist (`max(recorded) or raw`, point by
-point), the raw expression where they do not (e.g. data backfilled without its rules).
+point), the raw expression where they do not (e.g. data backfilled without its rules). The HTTP
+transport (retries, errors) is `redline.platform.prometheus`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import requests
-from prometheus_api_client import PrometheusConnect
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from urllib3.util.retry import Retry
-
+from redline.platform.prometheus import Labels, Points, PrometheusClient
 from redline.rules.build import (
     error_ratio_record,
     p99_record,
     slo_error_ratio_expr,
 )
 from redline.rules.model import format_duration, number, selector
+from redline.slo import catalog
 from redline.slo.maths import HOUR
 from redline.slo.report import (
     AlertSamples,
@@ -45,168 +40,50 @@ from redline.slo.spec import Slo, Spec
 MAX_POINTS = 10_000
 """Points per range query (Prometheus refuses more than 11,000 per series)."""
 
-RAW_CHUNK = timedelta(days=7)
-"""Raw-sample reads (`ALERTS`) are split into chunks of this length."""
+RAW_CHUNK = 7 * 86400
+"""Raw-sample reads (`ALERTS`) are split into chunks of this many seconds."""
 
 BURN_STEP = 300
 """Step of the sliding 1 h burn-rate series."""
 
-Labels = dict[str, str]
-Points = list[tuple[float, float]]
+
+def fetch_instant(client: PrometheusClient, query: str, at: float) -> list[tuple[Labels, float]]:
+    """An instant query at `at`; NaN results are dropped."""
+    return [(labels, v) for labels, v in client.instant(query, at) if math.isfinite(v)]
 
 
-class PrometheusQueryError(Exception):
-    """Prometheus answered a query with an error."""
+def fetch_range(
+    client: PrometheusClient, query: str, start: float, end: float, step: int
+) -> list[tuple[Labels, Points]]:
+    """A range query split into chunks of at most MAX_POINTS points; NaN points dropped."""
+    merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+    chunk_start = start
+    while chunk_start <= end:
+        chunk_end = min(end, chunk_start + (MAX_POINTS - 1) * step)
+        for labels, points in client.range(query, round(chunk_start), round(chunk_end), step):
+            found = merged.setdefault(tuple(sorted(labels.items())), {})
+            found.update((ts, v) for ts, v in points if math.isfinite(v))
+        chunk_start = chunk_end + step
+    return [(dict(key), sorted(points.items())) for key, points in sorted(merged.items())]
 
 
-class PrometheusUnavailableError(PrometheusQueryError):
-    """Prometheus cannot be reached (down, wrong URL, or failing with 5xx after retries)."""
-
-
-class _CountingSession(requests.Session):
-    """A requests session that counts the HTTP requests it sends (retries not included)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sent = 0
-        self._lock = threading.Lock()
-
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kwargs: Any) -> Any:
-        """Count, then send."""
-        with self._lock:
-            self.sent += 1
-        return super().request(method, url, *args, **kwargs)
-
-
-def _ts(value: float) -> datetime:
-    return datetime.fromtimestamp(value, UTC)
-
-
-def _float(text: str) -> float:
-    return float(text)
-
-
-class PromClient:
-    """A Prometheus API client with retries, chunked range queries and a query counter."""
-
-    def __init__(self, url: str, timeout: float = 30.0, retries: int = 2) -> None:
-        self.url = url.rstrip("/")
-        self._session = _CountingSession()
-        retry = Retry(
-            total=retries,
-            connect=retries,
-            read=retries,
-            status=retries,
-            backoff_factor=0.2,
-            status_forcelist=(429, 502, 503, 504),
-            allowed_methods=frozenset({"GET", "POST"}),
-            raise_on_status=False,
-        )
-        self._prom = PrometheusConnect(
-            self.url, retry=retry, session=self._session, timeout=int(math.ceil(timeout))
-        )
-
-    @property
-    def queries(self) -> int:
-        """HTTP requests sent so far."""
-        return self._session.sent
-
-    def close(self) -> None:
-        """Close the HTTP session."""
-        self._prom.close()
-
-    def __enter__(self) -> PromClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (requests.ConnectionError, requests.Timeout, requests.exceptions.RetryError) as exc:
-            reason = str(exc).split("(Caused by ")[-1].rstrip(")")[:200]
-            raise PrometheusUnavailableError(
-                f"Prometheus at {self.url} is not reachable ({type(exc).__name__}: {reason}); "
-                "is it running, and is --prometheus right?"
-            ) from None
-        except PrometheusApiClientException as exc:
-            raise PrometheusQueryError(
-                f"Prometheus at {self.url} rejected {what}: {_api_error(str(exc))}"
-            ) from None
-
-    def check(self) -> None:
-        """Raise PrometheusUnavailableError unless Prometheus answers its API."""
-        self._call("a status query", self._prom.custom_query, "vector(1)")
-
-    def instant(self, query: str, at: float) -> list[tuple[Labels, float]]:
-        """An instant query at `at`; NaN results are dropped."""
-        result = self._call(
-            f"query {query!r}", self._prom.custom_query, query, params={"time": str(at)}
-        )
-        out: list[tuple[Labels, float]] = []
-        for item in result or []:
-            value = _float(item["value"][1])
-            if math.isfinite(value):
-                out.append((dict(item["metric"]), value))
-        return out
-
-    def range(self, query: str, start: float, end: float, step: int) -> list[tuple[Labels, Points]]:
-        """A range query split into chunks of at most MAX_POINTS points; NaN points dropped."""
-        merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
-        chunk_start = start
-        while chunk_start <= end:
-            chunk_end = min(end, chunk_start + (MAX_POINTS - 1) * step)
-            result = self._call(
-                f"range query {query!r}",
-                self._prom.custom_query_range,
-                query,
-                _ts(chunk_start),
-                _ts(chunk_end),
-                str(step),
-            )
-            for item in result or []:
-                key = tuple(sorted(item["metric"].items()))
-                points = merged.setdefault(key, {})
-                for ts, text in item["values"]:
-                    value = _float(text)
-                    if math.isfinite(value):
-                        points[float(ts)] = value
-            chunk_start = chunk_end + step
-        return [(dict(key), sorted(points.items())) for key, points in sorted(merged.items())]
-
-    def raw(
-        self, metric: str, labels: Mapping[str, str], start: float, end: float
-    ) -> list[tuple[Labels, list[float]]]:
-        """Raw sample timestamps of `metric{labels}` in [start, end], read in RAW_CHUNK chunks."""
-        span = timedelta(seconds=end - start)
-        result = self._call(
-            f"raw read of {metric}",
-            self._prom.get_metric_range_data,
-            metric,
-            label_config=dict(labels),
-            start_time=_ts(start),
-            end_time=_ts(end),
-            chunk_size=min(RAW_CHUNK, span),
-        )
-        merged: dict[tuple[tuple[str, str], ...], set[float]] = {}
-        for item in result or []:
+def fetch_raw(
+    client: PrometheusClient, metric: str, labels: Mapping[str, str], start: float, end: float
+) -> list[tuple[Labels, list[float]]]:
+    """Raw sample timestamps of `metric{labels}` in [start, end], read in RAW_CHUNK chunks."""
+    matchers = ",".join(f"{name}='{value}'" for name, value in labels.items())
+    series = f"{metric}{{{matchers}}}" if matchers else metric
+    merged: dict[tuple[tuple[str, str], ...], set[float]] = {}
+    lo, hi = round(start), round(end)
+    while lo < hi:
+        size = min(RAW_CHUNK, hi - lo)
+        # A range-vector instant query: the raw samples of (lo, lo + size].
+        data = client.instant_raw(f"{series}[{size}s]", lo + size)
+        for item in data["result"]:
             key = tuple(sorted(item["metric"].items()))
             merged.setdefault(key, set()).update(float(ts) for ts, _ in item["values"])
-        return [(dict(key), sorted(ts)) for key, ts in sorted(merged.items())]
-
-
-def _api_error(text: str) -> str:
-    """The `error` field of a Prometheus API error body quoted inside the client's message."""
-    start = text.find("{")
-    if start >= 0:
-        body = text[start:].rstrip(")'\"")
-        try:
-            parsed = json.loads(body.encode().decode("unicode_escape"))
-            return str(parsed.get("error", text))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            pass
-    return text
+        lo += size
+    return [(dict(key), sorted(ts)) for key, ts in sorted(merged.items())]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -326,35 +203,35 @@ def signal_exprs(spec: Spec, defn: SignalDef, step: int, recorded: bool = False)
             # The same short window the keep-alive alert counts evictions over.
             window = format_duration(max(60.0, 4 * spec.timing.scrape_interval_seconds))
             # Measured while the keep-alive probe exports all three of its series.
+            ttl = catalog.SESSION_CONTEXT_TTL_SECONDS
             flag = (
-                f"((min(session_keepalive_probe_success) == bool 0)\n"
-                f"  + (min(session_context_ttl_seconds) < bool {number(keep.min_seconds)})\n"
-                f"  + (sum(increase(session_context_evicted_total[{window}])) > bool 0)) > bool 0"
+                f"((min({catalog.SESSION_KEEPALIVE_PROBE_SUCCESS}) == bool 0)\n"
+                f"  + (min({ttl}) < bool {number(keep.min_seconds)})\n"
+                f"  + (sum(increase({catalog.SESSION_CONTEXT_EVICTED_TOTAL}[{window}])) > bool 0))"
+                " > bool 0"
             )
-            value = "min(session_context_ttl_seconds)"
-            return SignalExprs(
-                flag, f"min(min_over_time(session_context_ttl_seconds{hour}))", value
-            )
+            return SignalExprs(flag, f"min(min_over_time({ttl}{hour}))", f"min({ttl})")
         case "index_consistency":
-            return gauge("vectordb_index_staleness_seconds")
+            return gauge(catalog.VECTORDB_INDEX_STALENESS_SECONDS.name)
         case "rpo_lora_adapter":
-            value = "(time() - min(model_checkpoint_last_success_timestamp_seconds))"
+            value = f"(time() - min({catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS}))"
             return SignalExprs(
                 f"{value} > bool {thr}", f"max_over_time({value}{sub})", value, peak_costly=True
             )
         case "rpo_session_state":
-            return gauge("session_cdc_rpo_seconds")
+            return gauge(catalog.SESSION_CDC_RPO_SECONDS.name)
         case "rpo_embedding_index":
-            return gauge("vectordb_delta_log_oldest_pending_age_seconds")
+            return gauge(catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name)
         case "drift":
             by = "max by (collection, method)"
-            value = f"{by} (embedding_drift_score)"
-            threshold = f"{by} (embedding_drift_threshold)"
+            score, limit = catalog.EMBEDDING_DRIFT_SCORE, catalog.EMBEDDING_DRIFT_THRESHOLD
+            value = f"{by} ({score})"
+            threshold = f"{by} ({limit})"
             return SignalExprs(
                 f"{value} > bool on (collection, method) {threshold}",
-                f"{by} (max_over_time(embedding_drift_score{hour}))",
+                f"{by} (max_over_time({score}{hour}))",
                 value,
-                f"{by} (max_over_time(embedding_drift_threshold{hour}))",
+                f"{by} (max_over_time({limit}{hour}))",
                 ("collection", "method"),
             )
         case _:
@@ -377,20 +254,13 @@ def remediation_query(period: int) -> str:
     Every receiver replica exports the cluster-wide totals, so replicas are combined with max.
     """
     w = _dur(period)
+    runs = catalog.REDLINE_REMEDIATION_RUNS_TOTAL
+    duration = catalog.REDLINE_REMEDIATION_DURATION_SECONDS
     return "\nor ".join(
         [
-            _stat(
-                f"max by (playbook, outcome) (increase(redline_remediation_runs_total[{w}]))",
-                "runs",
-            ),
-            _stat(
-                f"max by (playbook) (increase(redline_remediation_duration_seconds_sum[{w}]))",
-                "sum",
-            ),
-            _stat(
-                f"max by (playbook) (increase(redline_remediation_duration_seconds_count[{w}]))",
-                "count",
-            ),
+            _stat(f"max by (playbook, outcome) (increase({runs}[{w}]))", "runs"),
+            _stat(f"max by (playbook) (increase({duration.sum}[{w}]))", "sum"),
+            _stat(f"max by (playbook) (increase({duration.count}[{w}]))", "count"),
         ]
     )
 
@@ -399,15 +269,13 @@ def live_query(period: int) -> str:
     """Probe coverage, probes' last state, golden-set evaluations, unrecoverable spot
     interruptions (instant)."""
     w = _dur(period)
+    probe, interrupted = catalog.LLM_PROBE_SUCCESS, catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL
     return "\nor ".join(
         [
-            _stat(f"count by (region, probe) (count_over_time(llm_probe_success[{w}]))", "seen"),
-            _stat("min by (region, probe) (last_over_time(llm_probe_success[1h]))", "last"),
-            _stat(f"sum(increase(llm_eval_requests_total[{w}]))", "evals"),
-            _stat(
-                f'sum(increase(llm_spot_interrupted_requests_total{{recoverable="false"}}[{w}]))',
-                "spot",
-            ),
+            _stat(f"count by (region, probe) (count_over_time({probe}[{w}]))", "seen"),
+            _stat(f"min by (region, probe) (last_over_time({probe}[1h]))", "last"),
+            _stat(f"sum(increase({catalog.LLM_EVAL_REQUESTS_TOTAL}[{w}]))", "evals"),
+            _stat(f'sum(increase({interrupted}{{recoverable="false"}}[{w}]))', "spot"),
         ]
     )
 
@@ -419,7 +287,7 @@ HourlySeries = dict[str, dict[float, float]]
 
 
 def _hourly(
-    client: PromClient,
+    client: PrometheusClient,
     query: str,
     window: Window,
     by: Sequence[str] = (),
@@ -431,7 +299,7 @@ def _hourly(
     [start, end) and the sample at a period's first second belongs to that period.
     """
     first = window.previous.start if previous else window.start
-    result = client.range(query, first + HOUR - 1, window.end - 1, HOUR)
+    result = fetch_range(client, query, first + HOUR - 1, window.end - 1, HOUR)
     out: dict[str, dict[float, float]] = {}
     for labels, points in result:
         instance = "/".join(labels.get(name, "") for name in by)
@@ -439,13 +307,15 @@ def _hourly(
     return out
 
 
-def fetch_slo_series(client: PromClient, spec: Spec, slo: Slo, window: Window) -> SloSeries:
+def fetch_slo_series(client: PrometheusClient, spec: Spec, slo: Slo, window: Window) -> SloSeries:
     """Hourly events and bad share over this and the previous period, and the 1 h burn."""
     previous = window.previous
-    hourly = client.range(slo_hourly_query(spec, slo), previous.start + HOUR, window.end, HOUR)
+    hourly = fetch_range(
+        client, slo_hourly_query(spec, slo), previous.start + HOUR, window.end, HOUR
+    )
     stats = {labels.get("stat", ""): dict(points) for labels, points in hourly}
-    burn = client.range(
-        slo_ratio_expr(spec, slo, "1h"), window.start + BURN_STEP, window.end, BURN_STEP
+    burn = fetch_range(
+        client, slo_ratio_expr(spec, slo, "1h"), window.start + BURN_STEP, window.end, BURN_STEP
     )
     return SloSeries(
         hourly_total=stats.get("total", {}),
@@ -454,9 +324,10 @@ def fetch_slo_series(client: PromClient, spec: Spec, slo: Slo, window: Window) -
     )
 
 
-def recording_covers(client: PromClient, record: str, window: Window) -> bool:
+def recording_covers(client: PrometheusClient, record: str, window: Window) -> bool:
     """Whether a recording rule has samples in (nearly) every hour of the window."""
-    found = client.instant(
+    found = fetch_instant(
+        client,
         f"count_over_time(max(count_over_time({record}[1h]))[{_dur(window.seconds - 1)}:1h])",
         window.end,
     )
@@ -465,7 +336,7 @@ def recording_covers(client: PromClient, record: str, window: Window) -> bool:
 
 
 def fetch_signal_series(
-    client: PromClient,
+    client: PrometheusClient,
     spec: Spec,
     defn: SignalDef,
     window: Window,
@@ -481,7 +352,8 @@ def fetch_signal_series(
     thresholds = _hourly(client, exprs.threshold, window, exprs.by) if exprs.threshold else {}
     p99: dict[str, dict[float, float]] = {}
     if defn.kind == "rpo":
-        quantiles = client.range(
+        quantiles = fetch_range(
+            client,
             signal_p99_query(exprs, window.seconds, step),
             window.start - 1,
             window.end - 1,
@@ -513,11 +385,11 @@ def fetch_signal_series(
 
 
 def fetch_remediation(
-    client: PromClient, window: Window
+    client: PrometheusClient, window: Window
 ) -> tuple[RemediationCounts, RemediationCounts]:
     """Remediation run counts and durations of this period and the previous one."""
-    result = client.range(
-        remediation_query(window.seconds), window.start, window.end, window.seconds
+    result = fetch_range(
+        client, remediation_query(window.seconds), window.start, window.end, window.seconds
     )
     counts: dict[float, dict[str, Any]] = {
         float(window.start): {"runs": {}, "sum": {}, "count": {}},
@@ -547,13 +419,13 @@ def fetch_remediation(
     return build(float(window.end)), build(float(window.start))
 
 
-def fetch_live(client: PromClient, window: Window) -> LiveSignals:
+def fetch_live(client: PrometheusClient, window: Window) -> LiveSignals:
     """The maturity assessment's live signals over the period."""
     probes: dict[str, set[str]] = {}
     failing: set[str] = set()
     evals: float | None = None
     spot: float | None = None
-    for labels, value in client.instant(live_query(window.seconds), window.end):
+    for labels, value in fetch_instant(client, live_query(window.seconds), window.end):
         stat = labels.get("stat")
         region, probe = labels.get("region", ""), labels.get("probe", "")
         if stat == "seen":
@@ -572,13 +444,13 @@ def fetch_live(client: PromClient, window: Window) -> LiveSignals:
     )
 
 
-def fetch_alerts(client: PromClient, window: Window) -> list[AlertSamples]:
+def fetch_alerts(client: PrometheusClient, window: Window) -> list[AlertSamples]:
     """Raw samples of firing `ALERTS` over this and the previous period."""
-    raw = client.raw("ALERTS", {"alertstate": "firing"}, window.previous.start, window.end)
+    raw = fetch_raw(client, "ALERTS", {"alertstate": "firing"}, window.previous.start, window.end)
     return [AlertSamples(labels=labels, timestamps=ts) for labels, ts in raw]
 
 
-def detect_step(client: PromClient, spec: Spec, window: Window) -> int:
+def detect_step(client: PrometheusClient, spec: Spec, window: Window) -> int:
     """The time-over resolution: the spec's scrape interval, or the data's if it is coarser.
 
     Evaluating more often than samples exist adds cost and no information, so the step is
@@ -587,7 +459,8 @@ def detect_step(client: PromClient, spec: Spec, window: Window) -> int:
     """
     base = int(math.ceil(spec.timing.scrape_interval_seconds))
     series = f"{spec.sources.request_duration}_count"
-    found = client.instant(
+    found = fetch_instant(
+        client,
         f"max(max_over_time(count_over_time({series}[1h])[{_dur(window.seconds)}:1h]))",
         window.end,
     )
@@ -598,7 +471,7 @@ def detect_step(client: PromClient, spec: Spec, window: Window) -> int:
 
 
 def fetch_report_input(
-    client: PromClient, spec: Spec, window: Window, step: int | None = None, workers: int = 4
+    client: PrometheusClient, spec: Spec, window: Window, step: int | None = None, workers: int = 4
 ) -> ReportInput:
     """Everything `build_report` needs for `window`, read from Prometheus (queries in parallel).
 

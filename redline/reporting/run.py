@@ -6,7 +6,8 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from redline.reporting.fetch import PromClient, check_step, fetch_report_input
+from redline.platform.prometheus import PrometheusClient
+from redline.reporting.fetch import check_step, fetch_report_input
 from redline.slo.maths import HOUR
 from redline.slo.report import Report, ReportError, Window, build_report
 from redline.slo.spec import Spec, parse_duration
@@ -93,16 +94,16 @@ def generate_report(
     timeout: float = 60.0,
     now: datetime | None = None,
 ) -> Generated:
-    """Read Prometheus and build the report; PrometheusQueryError / ReportError explain failures."""
+    """Read Prometheus and build the report; PrometheusError / ReportError explain failures."""
     began = time.perf_counter()
     if step is not None:
         try:
             check_step(step)
         except ValueError as exc:
             raise ReportError(str(exc)) from None
-    with PromClient(prometheus, timeout=timeout) as client:
+    with PrometheusClient(prometheus, timeout=timeout) as client:
         data = fetch_report_input(client, spec, window, step)
-        queries = client.queries
+        queries = client.sent
     report = build_report(
         spec,
         data,

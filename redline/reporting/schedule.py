@@ -43,6 +43,7 @@ from pydantic import Field
 from redline.core.settings import ServiceSettings
 from redline.reporting.run import floor_hour, generate_report
 from redline.reporting.write import BASENAME, parse_formats, write_report, write_text
+from redline.slo import catalog
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import parse_duration
 
@@ -334,18 +335,12 @@ class ScheduleMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.runs = Counter(
-            "redline_report_runs",
-            "Scheduled report runs by outcome (success, failure, skipped: tick already taken).",
-            ["schedule", "outcome"],
-            registry=self.registry,
+        runs, last = (
+            catalog.REDLINE_REPORT_RUNS_TOTAL,
+            catalog.REDLINE_REPORT_LAST_SUCCESS_TIMESTAMP_SECONDS,
         )
-        self.last_success = Gauge(
-            "redline_report_last_success_timestamp_seconds",
-            "When the last scheduled report was published.",
-            ["schedule"],
-            registry=self.registry,
-        )
+        self.runs = Counter(runs.family, runs.help, runs.labels, registry=self.registry)
+        self.last_success = Gauge(last.family, last.help, last.labels, registry=self.registry)
 
 
 @dataclass

@@ -7,10 +7,10 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from redline.reporting.html import render_html
-from redline.reporting.markdown import render_markdown
 from redline.reporting.pdf import write_pdf
-from redline.reporting.tables import render_csv_tables, render_json
+from redline.reporting.render.html import render_html
+from redline.reporting.render.markdown import render_markdown
+from redline.reporting.render.tables import render_csv_tables, render_json
 from redline.slo.report import Report
 
 FORMATS = ("md", "html", "pdf", "csv", "json")

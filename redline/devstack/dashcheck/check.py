@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from redline.dashboards.queries import (
     GrafanaContext,
     VariableError,
@@ -27,14 +25,15 @@ from redline.dashboards.queries import (
     substitute,
     variable_queries,
 )
+from redline.platform.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    PrometheusUnavailableError,
+)
 
 
 class DashboardCheckError(Exception):
-    """A dashboard file cannot be read, or Prometheus cannot be reached."""
-
-
-class QueryError(Exception):
-    """Prometheus rejected a query (the message is Prometheus' error)."""
+    """A dashboard file cannot be read or is not a dashboard."""
 
 
 @dataclass(frozen=True)
@@ -88,49 +87,15 @@ def load_dashboards(directory: Path) -> dict[str, dict[str, Any]]:
     return dashboards
 
 
-def _api(client: httpx.Client, path: str, params: Mapping[str, Any]) -> Any:
-    try:
-        response = client.get(path, params=dict(params))
-    except httpx.HTTPError as exc:
-        raise DashboardCheckError(f"{client.base_url}: {exc}") from None
-    try:
-        body = response.json()
-    except ValueError:
-        raise DashboardCheckError(
-            f"{client.base_url}{path}: HTTP {response.status_code}, not a Prometheus API answer"
-        ) from None
-    if response.status_code != 200 or body.get("status") != "success":
-        raise QueryError(str(body.get("error", response.text)))
-    return body["data"]
-
-
-def fetch_label_values(
-    client: httpx.Client, label: str, match: str | None, start: float, end: float
-) -> list[str]:
-    """A label's values over a time range (what a `label_values` variable lists)."""
-    params: dict[str, Any] = {"start": start, "end": end}
-    if match:
-        params["match[]"] = match
-    values: list[str] = _api(client, f"/api/v1/label/{label}/values", params)
-    return sorted(values)
-
-
 def fetch_query_range(
-    client: httpx.Client, expr: str, context: GrafanaContext
+    client: PrometheusClient, expr: str, context: GrafanaContext
 ) -> list[dict[str, Any]]:
-    """A range query over the context's range at `$__interval`; QueryError when rejected."""
-    params = {
-        "query": expr,
-        "start": context.start,
-        "end": context.end,
-        "step": context.interval_seconds,
-    }
-    result: list[dict[str, Any]] = _api(client, "/api/v1/query_range", params)["result"]
-    return result
+    """A range query over the context's range at `$__interval`; PrometheusError when rejected."""
+    return client.range_raw(expr, context.start, context.end, context.interval_seconds)
 
 
 def fetch_context(
-    client: httpx.Client,
+    client: PrometheusClient,
     dashboard: Mapping[str, Any],
     start: float,
     end: float,
@@ -138,7 +103,7 @@ def fetch_context(
 ) -> GrafanaContext:
     """The context Grafana would query with: every variable with all its values selected."""
     values = {
-        v.name: fetch_label_values(client, v.label, v.match, start, end)
+        v.name: client.label_values(v.label, v.match, start, end)
         for v in variable_queries(dashboard)
     }
     return GrafanaContext(start, end, scrape_interval, values)
@@ -152,9 +117,10 @@ def finite_points(result: Sequence[Mapping[str, Any]]) -> int:
 
 
 def check_dashboard(
-    client: httpx.Client, name: str, dashboard: Mapping[str, Any], context: GrafanaContext
+    client: PrometheusClient, name: str, dashboard: Mapping[str, Any], context: GrafanaContext
 ) -> list[QueryOutcome]:
-    """Run every panel target and annotation query of a dashboard."""
+    """Run every panel target and annotation query of a dashboard (a rejected query is an
+    outcome; PrometheusUnavailableError when Prometheus cannot be reached)."""
     outcomes = []
     for query in panel_queries(dashboard):
         where, kind = query.where, query.annotation
@@ -164,8 +130,10 @@ def check_dashboard(
         except VariableError as exc:
             outcomes.append(QueryOutcome(name, where, query.expr, error=str(exc), annotation=kind))
             continue
-        except QueryError as exc:
-            outcomes.append(QueryOutcome(name, where, expr, error=str(exc), annotation=kind))
+        except PrometheusUnavailableError:
+            raise
+        except PrometheusError as exc:
+            outcomes.append(QueryOutcome(name, where, expr, error=exc.detail, annotation=kind))
             continue
         points = finite_points(result)
         outcomes.append(QueryOutcome(name, where, expr, len(result), points, annotation=kind))
@@ -173,7 +141,7 @@ def check_dashboard(
 
 
 def check_dashboards(
-    client: httpx.Client,
+    client: PrometheusClient,
     dashboards: Mapping[str, Mapping[str, Any]],
     start: float,
     end: float,

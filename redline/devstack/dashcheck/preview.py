@@ -12,10 +12,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from redline.dashboards.queries import GrafanaContext, all_panels, substitute
-from redline.devstack.dashcheck.check import QueryError, fetch_query_range
+from redline.devstack.dashcheck.check import fetch_query_range
+from redline.platform.prometheus import PrometheusClient, PrometheusError
 
 GRID_COLUMNS = 24
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
@@ -48,16 +47,18 @@ def format_legend(template: str, labels: Mapping[str, str]) -> str:
     return _LEGEND.sub(lambda m: labels.get(m.group(1), ""), template)
 
 
-def fetch_range(client: httpx.Client, expr: str, context: GrafanaContext) -> list[dict[str, Any]]:
+def fetch_range(
+    client: PrometheusClient, expr: str, context: GrafanaContext
+) -> list[dict[str, Any]]:
     """A range query over the context's time range at `$__interval` resolution."""
     try:
         return fetch_query_range(client, expr, context)
-    except QueryError as exc:
-        raise PreviewError(f"{expr}: {exc}") from None
+    except PrometheusError as exc:
+        raise PreviewError(f"{expr}: {exc.detail}") from None
 
 
 def fetch_panels(
-    client: httpx.Client, dashboard: Mapping[str, Any], context: GrafanaContext
+    client: PrometheusClient, dashboard: Mapping[str, Any], context: GrafanaContext
 ) -> list[PanelData]:
     """Every panel (rows included, without series) with the series its targets return."""
     found = []
@@ -72,7 +73,7 @@ def fetch_panels(
 
 
 def fetch_annotation_spans(
-    client: httpx.Client, expr: str, context: GrafanaContext
+    client: PrometheusClient, expr: str, context: GrafanaContext
 ) -> list[tuple[float, float]]:
     """Time spans where an annotation query returns a value (e.g. an alert firing)."""
     step = context.interval_seconds

@@ -11,11 +11,13 @@ from them. Deterministic: the same spec and time range give the same text.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from redline.devstack.samples.openmetrics import Family, Series, render_openmetrics
 from redline.rules.build import build_rule_groups
 from redline.rules.model import number
+from redline.slo import catalog
 from redline.slo.spec import Spec, parse_duration
 
 MODEL = "chat"
@@ -247,7 +249,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     ttft = {
         (region, version): _Histogram(
             fam,
-            "llm_time_to_first_token_seconds",
+            catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.name,
             {"served_region": region, "model": MODEL, "model_version": version},
             TTFT_BUCKETS,
         )
@@ -257,7 +259,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     runs_hist = {
         playbook: _Histogram(
             fam,
-            "redline_remediation_duration_seconds",
+            catalog.REDLINE_REMEDIATION_DURATION_SECONDS.name,
             {"playbook": playbook},
             RUN_BUCKETS,
         )
@@ -266,7 +268,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     notice_hist = {
         spot.node: _Histogram(
             fam,
-            "llm_spot_notice_to_draining_seconds",
+            catalog.LLM_SPOT_NOTICE_TO_DRAINING_SECONDS.name,
             {"node": spot.node, "provider": spot.provider},
             SPOT_NOTICE_BUCKETS,
         )
@@ -320,44 +322,59 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
                     moved = 40.0 * step * 0.18 if breach and source_region == primary else 0.3
                     reroute = {"from_region": source_region, "to_region": target,
                                "reason": "first_byte_budget"}  # fmt: skip
-                    count("llm_reroutes", reroute, now, moved)
+                    count(catalog.LLM_REROUTES_TOTAL.family, reroute, now, moved)
         for (region, version), hist in ttft.items():
             requests = (30.0 if region == primary else 20.0) * step if version == active else 0.0
             hist.observe(now, requests, 0.12 if not breach else 0.2)
             tokens = {"served_region": region, "model": MODEL, "model_version": version}
-            count("llm_generated_tokens", tokens, now, requests * 42)
-            count("llm_prompt_tokens", tokens, now, requests * 230)
+            count(catalog.LLM_GENERATED_TOKENS_TOTAL.family, tokens, now, requests * 42)
+            count(catalog.LLM_PROMPT_TOKENS_TOTAL.family, tokens, now, requests * 230)
         for region in spec.regions:
             for probe in ("healthz", "chat_dry_run"):
                 failing = breach and region == primary and probe == "chat_dry_run"
                 probe_labels = {"region": region, "probe": probe}
-                gauge("llm_probe_success", probe_labels, now, 0.0 if failing else 1.0)
-                gauge("llm_probe_duration_seconds", probe_labels, now, 0.9 if failing else 0.08)
+                gauge(catalog.LLM_PROBE_SUCCESS.name, probe_labels, now, 0.0 if failing else 1.0)
+                gauge(
+                    catalog.LLM_PROBE_DURATION_SECONDS.name,
+                    probe_labels,
+                    now,
+                    0.9 if failing else 0.08,
+                )
         # Accuracy on the golden set and the versions' verified baselines.
         for version, (accuracy, p99) in {"v1": (0.90, 0.55), "v2": (0.905, 0.52)}.items():
             labels = {"model": MODEL, "model_version": version}
             evals = 2.0 * step if version == active else 0.0
             measured = accuracy - 0.025 if regressed and version == "v2" else accuracy
-            count("llm_eval_requests", labels, now, evals)
-            count("llm_eval_correct", labels, now, evals * measured)
-            gauge("model_baseline_p99_seconds", labels, now, p99)
-            gauge("model_baseline_accuracy_ratio", labels, now, accuracy)
+            count(catalog.LLM_EVAL_REQUESTS_TOTAL.family, labels, now, evals)
+            count(catalog.LLM_EVAL_CORRECT_TOTAL.family, labels, now, evals * measured)
+            gauge(catalog.MODEL_BASELINE_P99_SECONDS.name, labels, now, p99)
+            gauge(catalog.MODEL_BASELINE_ACCURACY_RATIO.name, labels, now, accuracy)
         info = {"model": MODEL, "version": active, "weights_hash": f"sha256-{active}-w",
                 "config_hash": f"sha256-{active}-c"}  # fmt: skip
-        gauge("model_active_info", info, now, 1.0)
+        gauge(catalog.MODEL_ACTIVE_INFO.name, info, now, 1.0)
         for adapter in ADAPTERS:
             stuck = adapter == ADAPTERS[0] and scenario.stuck_checkpoint.holds(share)
             if not stuck and now - last_checkpoint[adapter] >= 60:
                 last_checkpoint[adapter] = now
-            gauge("model_checkpoint_last_success_timestamp_seconds", {"adapter": adapter}, now,
-                  last_checkpoint[adapter])  # fmt: skip
+            checkpoint = catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS.name
+            gauge(checkpoint, {"adapter": adapter}, now, last_checkpoint[adapter])
         # Vector index: a stale replica, then a freeze whose writes pile up in the delta log.
         replica = {"collection": COLLECTION, "replica": DRIFT_REPLICA}
         stale = scenario.stale_index.holds(share)
         staleness = 4.0 + 16.0 * (share - scenario.stale_index.start) / 0.06 if stale else 1.5
-        gauge("vectordb_index_staleness_seconds", replica, now, staleness + (index % 4) * 0.3)
+        gauge(
+            catalog.VECTORDB_INDEX_STALENESS_SECONDS.name,
+            replica,
+            now,
+            staleness + (index % 4) * 0.3,
+        )
         frozen = scenario.write_freeze.holds(share)
-        gauge("vectordb_write_frozen", {"collection": COLLECTION}, now, 1.0 if frozen else 0.0)
+        gauge(
+            catalog.VECTORDB_WRITE_FROZEN.name,
+            {"collection": COLLECTION},
+            now,
+            1.0 if frozen else 0.0,
+        )
         replayed = 0.0
         if frozen or stale:
             pending += 3.0 * step
@@ -365,23 +382,28 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         else:
             replayed, pending = pending, 0.0
             oldest_pending_since = None
-        gauge("vectordb_delta_log_pending_entries", replica, now, pending)
+        gauge(catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES.name, replica, now, pending)
         age = now - oldest_pending_since if oldest_pending_since is not None else 0.0
-        gauge("vectordb_delta_log_oldest_pending_age_seconds", replica, now, age)
-        count("vectordb_delta_log_replayed", replica, now, replayed)
+        gauge(catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name, replica, now, age)
+        count(catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL.family, replica, now, replayed)
         # Sessions.
         lag = 5.5 if scenario.cdc_lag.holds(share) else 0.3 + (index % 5) * 0.1
-        gauge("session_cdc_rpo_seconds", {"stream": STREAM, "group": GROUP}, now, lag)
-        gauge("session_context_ttl_seconds", {}, now, 1800.0)
-        gauge("session_keepalive_probe_success", {}, now, 1.0)
+        gauge(catalog.SESSION_CDC_RPO_SECONDS.name, {"stream": STREAM, "group": GROUP}, now, lag)
+        gauge(catalog.SESSION_CONTEXT_TTL_SECONDS.name, {}, now, 1800.0)
+        gauge(catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name, {}, now, 1.0)
         evicted = 1.0 if abs(share - scenario.eviction_at) < step / (end - start) / 2 else 0.0
-        count("session_context_evicted", {}, now, evicted)
+        count(catalog.SESSION_CONTEXT_EVICTED_TOTAL.family, {}, now, evicted)
         # Drift creeping up past the calibrated threshold.
         drift = {"collection": COLLECTION, "method": spec.drift.method}
         rise = max(0.0, share - scenario.drift_rising_from) / (1 - scenario.drift_rising_from)
-        gauge("embedding_drift_score", drift, now, spec.drift.threshold * (0.4 + 0.9 * rise))
-        gauge("embedding_drift_threshold", drift, now, spec.drift.threshold)
-        gauge("embedding_drift_window_samples", {"collection": COLLECTION}, now,
+        gauge(
+            catalog.EMBEDDING_DRIFT_SCORE.name,
+            drift,
+            now,
+            spec.drift.threshold * (0.4 + 0.9 * rise),
+        )
+        gauge(catalog.EMBEDDING_DRIFT_THRESHOLD.name, drift, now, spec.drift.threshold)
+        gauge(catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES.name, {"collection": COLLECTION}, now,
               float(spec.drift.window))  # fmt: skip
         # The remediation receiver: one firing and one resolved delivery per incident, each
         # delivered twice by the Alertmanager HA pair; a finished run per incident.
@@ -389,38 +411,43 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
             on = holds(share)
             if on != was_on[slot]:
                 status = "firing" if on else "resolved"
-                count("redline_webhook_alerts", {"status": status}, now, 2.0)
-                count("redline_webhook_duplicates", {}, now, 1.0)
+                count(catalog.REDLINE_WEBHOOK_ALERTS_TOTAL.family, {"status": status}, now, 2.0)
+                count(catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL.family, {}, now, 1.0)
                 if on:
                     run_events.append((now + seconds, playbook, outcome, seconds))
             was_on[slot] = on
         for status in ("firing", "resolved"):
-            count("redline_webhook_alerts", {"status": status}, now, 0.0)
-        count("redline_webhook_duplicates", {}, now, 0.0)
+            count(catalog.REDLINE_WEBHOOK_ALERTS_TOTAL.family, {"status": status}, now, 0.0)
+        count(catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL.family, {}, now, 0.0)
         for playbook, hist in runs_hist.items():
             done = [e for e in run_events if e[1] == playbook and now - step < e[0] <= now]
             for outcome in ("succeeded", "failed"):
                 finished = sum(1.0 for e in done if e[2] == outcome)
-                count("redline_remediation_runs", {"playbook": playbook, "outcome": outcome},
-                      now, finished)  # fmt: skip
+                run = {"playbook": playbook, "outcome": outcome}
+                count(catalog.REDLINE_REMEDIATION_RUNS_TOTAL.family, run, now, finished)
             hist.observe(now, float(len(done)), done[0][3] if done else 1.0)
         # The audit trail, verified every minute: three records per delivered incident change.
         audited = 3.0 * sum(1 for e in run_events if e[0] - e[3] <= now)
         verified_at = now - now % 60
         for copy in ("redis", "file"):
-            gauge("redline_audit_chain_intact", {"copy": copy}, now, 1.0)
-            gauge("redline_audit_records", {"copy": copy}, now, audited)
-        gauge("redline_audit_verified_timestamp_seconds", {}, now, verified_at)
+            gauge(catalog.REDLINE_AUDIT_CHAIN_INTACT.name, {"copy": copy}, now, 1.0)
+            gauge(catalog.REDLINE_AUDIT_RECORDS.name, {"copy": copy}, now, audited)
+        gauge(catalog.REDLINE_AUDIT_VERIFIED_TIMESTAMP_SECONDS.name, {}, now, verified_at)
         for probe in PROBES:
-            gauge("redline_probe_success", {"probe": probe}, now, 1.0)
-            gauge("redline_probe_last_success_timestamp_seconds", {"probe": probe}, now, now)
-            gauge("redline_probe_duration_seconds", {"probe": probe}, now, 0.02)
+            gauge(catalog.REDLINE_PROBE_SUCCESS.name, {"probe": probe}, now, 1.0)
+            gauge(
+                catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS.name,
+                {"probe": probe},
+                now,
+                now,
+            )
+            gauge(catalog.REDLINE_PROBE_DURATION_SECONDS.name, {"probe": probe}, now, 0.02)
         for spot in scenario.preemptions:
             _spot_step(spot, spot.elapsed(now, start, end), now, step, gauge, count,
                        notice_hist[spot.node])  # fmt: skip
         for alert in _active_alerts(spec, scenario, share, now, start, end, step):
             gauge("ALERTS", alert, now, 1.0)
-    return render_openmetrics(fams)
+    return "".join(render_openmetrics(_families(fams)))
 
 
 def _spot_step(  # noqa: PLR0913 - one node's series at one step
@@ -436,40 +463,71 @@ def _spot_step(  # noqa: PLR0913 - one node's series at one step
     node = {"node": spot.node}
     state = spot.state(elapsed)
     for value in SPOT_NODE_STATES:
-        gauge("llm_node_state", {**node, "state": value}, now, 1.0 if value == state else 0.0)
+        gauge(
+            catalog.LLM_NODE_STATE.name,
+            {**node, "state": value},
+            now,
+            1.0 if value == state else 0.0,
+        )
     noticed = 0 <= elapsed < step
     regenerated = 0 <= elapsed - step < step
     notice.observe(now, 1.0 if noticed else 0.0, spot.to_draining_seconds)
-    gauge("llm_spot_notice_pending", {**node, "provider": spot.provider}, now, float(noticed))
+    gauge(
+        catalog.LLM_SPOT_NOTICE_PENDING.name,
+        {**node, "provider": spot.provider},
+        now,
+        float(noticed),
+    )
     waited = elapsed - spot.drain_seconds
     if waited >= 0:
         latency = min(waited, spot.replacement_seconds)
-        gauge("llm_spot_replacement_ready_latency_seconds", {**node, "provider": spot.provider},
-              now, latency)  # fmt: skip
+        ready = catalog.LLM_SPOT_REPLACEMENT_READY_LATENCY_SECONDS.name
+        gauge(ready, {**node, "provider": spot.provider}, now, latency)
     if elapsed >= 0:
-        gauge("llm_spot_inflight_aborted_ratio", node, now, spot.aborted / spot.inflight)
+        gauge(catalog.LLM_SPOT_INFLIGHT_ABORTED_RATIO.name, node, now, spot.aborted / spot.inflight)
     aborted = float(spot.aborted) if noticed else 0.0
     continued = float(spot.inflight - spot.aborted) if noticed else 0.0
-    count("llm_spot_triaged_requests", {**node, "decision": "abort"}, now, aborted)
-    count("llm_spot_triaged_requests", {**node, "decision": "continue"}, now, continued)
-    count("llm_spot_interrupted_requests", {**node, "recoverable": "true"}, now, aborted)
-    count("llm_spot_interrupted_requests", {**node, "recoverable": "false"}, now, 0.0)
+    count(
+        catalog.LLM_SPOT_TRIAGED_REQUESTS_TOTAL.family, {**node, "decision": "abort"}, now, aborted
+    )
+    count(
+        catalog.LLM_SPOT_TRIAGED_REQUESTS_TOTAL.family,
+        {**node, "decision": "continue"},
+        now,
+        continued,
+    )
+    count(
+        catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL.family,
+        {**node, "recoverable": "true"},
+        now,
+        aborted,
+    )
+    count(
+        catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL.family,
+        {**node, "recoverable": "false"},
+        now,
+        0.0,
+    )
     wasted = {
         "aborted_unserved": 0.7 * spot.wasted_tokens if noticed else 0.0,
         "regenerated": 0.3 * spot.wasted_tokens if regenerated else 0.0,
         "not_recoverable": 0.0,
     }
     for reason, tokens in wasted.items():
-        count("llm_spot_wasted_decode_tokens", {**node, "reason": reason}, now, tokens)
+        count(
+            catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL.family,
+            {**node, "reason": reason},
+            now,
+            tokens,
+        )
 
 
-def render_openmetrics(fams: dict[str, _Family]) -> str:
-    """The families as OpenMetrics text; each series' samples in time order, `# EOF` last."""
-    lines: list[str] = []
+def _families(fams: dict[str, _Family]) -> Iterator[Family]:
+    """The collected families for the renderer; a histogram's `_count` and `_sum` parts are
+    written under its own `# TYPE`, a counter's samples end in `_total`."""
     for name, family in fams.items():
         if family.kind == "part":
             continue
-        lines.append(f"# TYPE {name} {family.kind}")
         parts: list[tuple[str, _Family]] = []
         if family.kind == "histogram":
             parts.append((f"{name}_bucket", family))
@@ -477,10 +535,9 @@ def render_openmetrics(fams: dict[str, _Family]) -> str:
         else:
             suffix = "_total" if family.kind == "counter" else ""
             parts.append((name + suffix, family))
-        for metric, part in parts:
-            for labels, points in part.series.items():
-                text = ",".join(f'{key}="{value}"' for key, value in labels)
-                selector = f"{metric}{{{text}}}" if text else metric
-                lines.extend(f"{selector} {value:.12g} {when:.3f}" for when, value in points)
-    lines.append("# EOF")
-    return "\n".join(lines) + "\n"
+        series = [
+            Series(metric, labels, points)
+            for metric, part in parts
+            for labels, points in part.series.items()
+        ]
+        yield Family(name, family.kind, series)

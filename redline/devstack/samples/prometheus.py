@@ -16,9 +16,8 @@ from redline.devstack.samples.dashboards import build_sample_openmetrics
 from redline.rules.build import build_rule_groups
 from redline.rules.model import RuleGroup, format_duration
 from redline.rules.render import render_rule_file, render_yaml
+from redline.slo import catalog
 from redline.slo.spec import Spec
-
-RECORD_PREFIX = "redline:"
 
 
 class BackfillError(Exception):
@@ -45,8 +44,8 @@ def build_backfill_groups(spec: Spec, step: float) -> tuple[list[RuleGroup], lis
     first: list[RuleGroup] = []
     second: list[RuleGroup] = []
     for group in build_rule_groups(spec):
-        raw = tuple(r for r in group.recordings if RECORD_PREFIX not in r.expr)
-        derived = tuple(r for r in group.recordings if RECORD_PREFIX in r.expr)
+        raw = tuple(r for r in group.recordings if catalog.RECORD_PREFIX not in r.expr)
+        derived = tuple(r for r in group.recordings if catalog.RECORD_PREFIX in r.expr)
         if raw:
             first.append(RuleGroup(group.name, step, raw))
         if derived:
@@ -123,22 +122,18 @@ def render_preview(
     """Draw `dashboard_file` from the sample Prometheus into `out`; return empty panels' titles."""
     import json
 
-    import httpx
-
     from redline.dashboards.queries import GrafanaContext, variable_queries
     from redline.devstack.dashcheck.preview import fetch_annotation_spans, fetch_panels, render_png
+    from redline.platform.prometheus import PrometheusClient
 
     dashboard = json.loads(dashboard_file.read_text("utf-8"))
     sample = start_sample_prometheus(workdir, spec, hours=hours)
     try:
-        with httpx.Client(base_url=sample.service.url, timeout=30) as client:
-            values: dict[str, list[str]] = {}
-            for variable in variable_queries(dashboard):
-                params: dict[str, str | float] = {"start": sample.start, "end": sample.end}
-                if variable.match:
-                    params["match[]"] = variable.match
-                body = client.get(f"/api/v1/label/{variable.label}/values", params=params).json()
-                values[variable.name] = sorted(body["data"])
+        with PrometheusClient(sample.service.url, timeout=30) as client:
+            values = {
+                v.name: client.label_values(v.label, v.match, sample.start, sample.end)
+                for v in variable_queries(dashboard)
+            }
             context = GrafanaContext(
                 sample.start, sample.end, spec.timing.scrape_interval_seconds, values, 240
             )

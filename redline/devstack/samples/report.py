@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from redline.devstack.processes import ServiceError, find_binary
+from redline.devstack.samples.openmetrics import Family, Series, render_openmetrics
+from redline.slo import catalog
+from redline.slo.catalog import Metric
 
 SAMPLE_START = int(datetime(2025, 3, 1, tzinfo=UTC).timestamp())
 SAMPLE_DAYS = 30
@@ -75,14 +78,16 @@ class Sample:
         """The last timestamp."""
         return self.start + self.step * (self.count - 1)
 
-    def add(self, name: str, labels: dict[str, str], values: np.ndarray) -> None:
+    def add(self, name: str | Metric, labels: dict[str, str], values: np.ndarray) -> None:
         """Add one series."""
-        self.series.setdefault(name, []).append((labels, values))
+        self.series.setdefault(str(name), []).append((labels, values))
 
-    def values(self, name: str, **labels: str) -> np.ndarray:
+    def values(self, name: str | Metric, **labels: str) -> np.ndarray:
         """Sum of the series of `name` whose labels include `labels`."""
         picked = [
-            v for lab, v in self.series[name] if all(lab.get(k) == x for k, x in labels.items())
+            v
+            for lab, v in self.series[str(name)]
+            if all(lab.get(k) == x for k, x in labels.items())
         ]
         if not picked:
             raise KeyError(f"{name}{labels}")
@@ -143,63 +148,69 @@ def build_sample(
             "+Inf": np.cumsum(requests),
         }
         for le in BUCKETS:
-            sample.add("llm_request_duration_seconds_bucket", {"region": region, "le": le}, cum[le])
-        sample.add("llm_request_duration_seconds_count", {"region": region}, cum["+Inf"])
+            sample.add(
+                catalog.LLM_REQUEST_DURATION_SECONDS.bucket, {"region": region, "le": le}, cum[le]
+            )
+        sample.add(catalog.LLM_REQUEST_DURATION_SECONDS.count, {"region": region}, cum["+Inf"])
         sample.add(
-            "llm_request_duration_seconds_sum",
+            catalog.LLM_REQUEST_DURATION_SECONDS.sum,
             {"region": region},
             np.cumsum(le04 * 0.25 + (fast - le04) * 0.6 + slow * 1.2),
         )
-        sample.add("llm_requests_total", {"region": region}, np.cumsum(requests))
-        sample.add("llm_request_errors_total", {"region": region}, np.cumsum(errors))
+        sample.add(catalog.LLM_REQUESTS_TOTAL, {"region": region}, np.cumsum(requests))
+        sample.add(catalog.LLM_REQUEST_ERRORS_TOTAL, {"region": region}, np.cumsum(errors))
         for probe in ("healthz", "chat_dry_run"):
             ok = np.ones(count)
             if region == "secondary" and probe == "healthz":
                 ok[sample.mask(*PROBE_DOWN)] = 0
-            sample.add("llm_probe_success", {"region": region, "probe": probe}, ok)
+            sample.add(catalog.LLM_PROBE_SUCCESS, {"region": region, "probe": probe}, ok)
 
     staleness = rng.uniform(0.5, 3.0, count)
     staleness[sample.mask(*STALENESS)] = 30.0
     sample.add(
-        "vectordb_index_staleness_seconds",
+        catalog.VECTORDB_INDEX_STALENESS_SECONDS,
         {"collection": "documents", "replica": "secondary"},
         staleness,
     )
     sample.add(
-        "vectordb_delta_log_oldest_pending_age_seconds",
+        catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS,
         {"collection": "documents"},
         rng.uniform(0.0, 4.0, count),
     )
     cdc = rng.uniform(0.05, 0.8, count)
     cdc[sample.mask(*SESSION_RPO)] = 7.0
-    sample.add("session_cdc_rpo_seconds", {"stream": "sessions", "group": "replica"}, cdc)
+    sample.add(catalog.SESSION_CDC_RPO_SECONDS, {"stream": "sessions", "group": "replica"}, cdc)
     ttl = np.full(count, 600.0)
     ttl[sample.mask(*KEEPALIVE)] = 120.0
-    sample.add("session_context_ttl_seconds", {}, ttl)
-    sample.add("session_keepalive_probe_success", {}, np.ones(count))
-    sample.add("session_context_evicted_total", {}, np.zeros(count))
+    sample.add(catalog.SESSION_CONTEXT_TTL_SECONDS, {}, ttl)
+    sample.add(catalog.SESSION_KEEPALIVE_PROBE_SUCCESS, {}, np.ones(count))
+    sample.add(catalog.SESSION_CONTEXT_EVICTED_TOTAL, {}, np.zeros(count))
     # A checkpoint every step, 20 s before the sample; none while stalled.
     times = sample.times.astype(np.float64)
     checkpoint = times - 20
     stall = sample.mask(*LORA_STALL)
     checkpoint[stall] = LORA_STALL[0] - 20
     sample.add(
-        "model_checkpoint_last_success_timestamp_seconds", {"adapter": "support-bot"}, checkpoint
+        catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS,
+        {"adapter": "support-bot"},
+        checkpoint,
     )
     drift = rng.uniform(0.001, 0.006, count)
     drift[sample.mask(*DRIFT)] = 0.03
     labels = {"collection": "documents", "method": "mmd"}
-    sample.add("embedding_drift_score", labels, drift)
-    sample.add("embedding_drift_threshold", labels, np.full(count, 0.01))
+    sample.add(catalog.EMBEDDING_DRIFT_SCORE, labels, drift)
+    sample.add(catalog.EMBEDDING_DRIFT_THRESHOLD, labels, np.full(count, 0.01))
     sample.add(
-        "llm_eval_requests_total",
+        catalog.LLM_EVAL_REQUESTS_TOTAL,
         {"model": "chat", "model_version": "v7"},
         np.cumsum(np.full(count, 10)),
     )
     # Drains happened (recoverable interruptions, resumed elsewhere) and none failed a client.
     interrupted = np.cumsum(rng.poisson(0.01, count).astype(float))
-    sample.add("llm_spot_interrupted_requests_total", {"recoverable": "true"}, interrupted)
-    sample.add("llm_spot_interrupted_requests_total", {"recoverable": "false"}, np.zeros(count))
+    sample.add(catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL, {"recoverable": "true"}, interrupted)
+    sample.add(
+        catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL, {"recoverable": "false"}, np.zeros(count)
+    )
 
     sample.runs = [
         RemediationRun("reroute", "succeeded", LATENCY[0] + 3 * MINUTE, 12.0),
@@ -212,7 +223,9 @@ def build_sample(
             if (run.playbook, run.outcome) == (playbook, outcome):
                 counts[sample.times >= run.at] += 1
         sample.add(
-            "redline_remediation_runs_total", {"playbook": playbook, "outcome": outcome}, counts
+            catalog.REDLINE_REMEDIATION_RUNS_TOTAL,
+            {"playbook": playbook, "outcome": outcome},
+            counts,
         )
     for playbook in sorted({r.playbook for r in sample.runs}):
         total = np.zeros(count)
@@ -221,8 +234,12 @@ def build_sample(
             if run.playbook == playbook:
                 total[sample.times >= run.at] += 1
                 seconds[sample.times >= run.at] += run.seconds
-        sample.add("redline_remediation_duration_seconds_count", {"playbook": playbook}, total)
-        sample.add("redline_remediation_duration_seconds_sum", {"playbook": playbook}, seconds)
+        sample.add(
+            catalog.REDLINE_REMEDIATION_DURATION_SECONDS.count, {"playbook": playbook}, total
+        )
+        sample.add(
+            catalog.REDLINE_REMEDIATION_DURATION_SECONDS.sum, {"playbook": playbook}, seconds
+        )
 
     sample.alerts = [
         _alert(LATENCY[0] + 2 * MINUTE, 47 * MINUTE, alertname="RedLineLatencyP99",
@@ -246,36 +263,34 @@ def build_sample(
     return sample
 
 
-def _labels(labels: dict[str, str] | tuple[tuple[str, str], ...]) -> str:
-    items = labels.items() if isinstance(labels, dict) else labels
-    inner = ",".join(f'{k}="{v}"' for k, v in items)
-    return f"{{{inner}}}" if inner else ""
+def _points(times: list[int], values: np.ndarray) -> Iterator[tuple[float, float]]:
+    # A generator, so a series' values become Python numbers only while it is written.
+    yield from zip(times, values.tolist(), strict=True)
 
 
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def render_openmetrics(sample: Sample) -> Iterator[str]:
-    """The sample as OpenMetrics text lines (untyped samples with timestamps, then `# EOF`)."""
-    times = [str(t) for t in sample.times.tolist()]
+def build_families(sample: Sample) -> Iterator[Family]:
+    """The sample's series and firing `ALERTS` as untyped OpenMetrics families."""
+    times = sample.times.tolist()
     for name, entries in sample.series.items():
-        for labels, values in entries:
-            prefix = name + _labels(labels) + " "
-            yield "".join(
-                f"{prefix}{_number(v)} {t}\n" for v, t in zip(values.tolist(), times, strict=True)
-            )
-    for alert in sample.alerts:
-        prefix = "ALERTS" + _labels(alert.labels) + " 1 "
-        stamps = range(alert.start, alert.start + alert.seconds, sample.step)
-        yield "".join(f"{prefix}{t}\n" for t in stamps)
-    yield "# EOF\n"
+        series = (
+            Series(name, labels.items(), _points(times, values)) for labels, values in entries
+        )
+        yield Family(name, None, series)
+    alerts = (
+        Series(
+            "ALERTS",
+            alert.labels,
+            ((t, 1) for t in range(alert.start, alert.start + alert.seconds, sample.step)),
+        )
+        for alert in sample.alerts
+    )
+    yield Family("ALERTS", None, alerts)
 
 
 def write_openmetrics(sample: Sample, path: Path) -> Path:
-    """Write the OpenMetrics file."""
+    """Write the sample as an OpenMetrics file."""
     with path.open("w", encoding="utf-8") as out:
-        for chunk in render_openmetrics(sample):
+        for chunk in render_openmetrics(build_families(sample)):
             out.write(chunk)
     return path
 

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from redline.dashboards.queries import GrafanaContext, panel_queries, substitute
@@ -21,6 +20,7 @@ from redline.devstack.dashcheck.check import (
     render_outcomes,
 )
 from redline.devstack.samples.prometheus import SamplePrometheus, start_sample_prometheus
+from redline.platform.prometheus import PrometheusClient
 from redline.rules.build import p99_record
 from redline.slo.load import load_spec
 from redline.slo.spec import Spec
@@ -46,10 +46,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory, spec: Spec) -> Iterator
 
 
 @pytest.fixture(scope="module")
-def client(prometheus: SamplePrometheus) -> Iterator[httpx.Client]:
-    """An HTTP client on the Prometheus API."""
-    with httpx.Client(base_url=prometheus.service.url, timeout=30) as http:
-        yield http
+def client(prometheus: SamplePrometheus) -> Iterator[PrometheusClient]:
+    """A client of the Prometheus API."""
+    with PrometheusClient(prometheus.service.url, timeout=30) as prom:
+        yield prom
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def _load(name: str) -> dict[str, Any]:
 
 
 def _context(
-    client: httpx.Client, dashboard: dict[str, Any], prometheus: SamplePrometheus, spec: Spec
+    client: PrometheusClient, dashboard: dict[str, Any], prometheus: SamplePrometheus, spec: Spec
 ) -> GrafanaContext:
     hours = float(dashboard["time"]["from"].removeprefix("now-").removesuffix("h"))
     start, end = prometheus.end - hours * 3600, prometheus.end
@@ -67,7 +67,7 @@ def _context(
 
 @pytest.mark.parametrize("name", list(BUILDERS))
 def test_every_panel_query_returns_data(
-    name: str, client: httpx.Client, prometheus: SamplePrometheus, spec: Spec
+    name: str, client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
 ) -> None:
     dashboard = _load(name)
     context = _context(client, dashboard, prometheus, spec)
@@ -82,7 +82,7 @@ def test_every_panel_query_returns_data(
 
 
 def test_region_variable_lists_the_spec_regions_and_filters(
-    client: httpx.Client, prometheus: SamplePrometheus, spec: Spec
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
 ) -> None:
     dashboard = _load("red-lines.json")
     context = _context(client, dashboard, prometheus, spec)
@@ -99,7 +99,7 @@ def test_region_variable_lists_the_spec_regions_and_filters(
 
 
 def test_red_line_panels_show_the_breach_the_sample_holds(
-    client: httpx.Client, prometheus: SamplePrometheus, spec: Spec
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
 ) -> None:
     """The P99 panel crosses the spec's red line during the sample's latency incident, and the
     critical-alert annotation marks it: the queries measure the right thing, not just anything."""
@@ -116,7 +116,7 @@ def test_red_line_panels_show_the_breach_the_sample_holds(
 
 
 def test_preview_draws_every_panel_with_data(
-    client: httpx.Client, prometheus: SamplePrometheus, spec: Spec, tmp_path: Path
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec, tmp_path: Path
 ) -> None:
     """The README's picture: every panel of the red-lines dashboard drawn from its queries."""
     pytest.importorskip("matplotlib", reason="matplotlib comes with the dev extras")
@@ -135,4 +135,4 @@ def test_preview_draws_every_panel_with_data(
     assert out.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and out.stat().st_size > 20_000
     committed = ROOT / "docs" / "red-lines.png"
     assert committed.stat().st_size < 300_000
-    assert "docs/red-lines.png" in (ROOT / "README.md").read_text("utf-8")
+    assert "red-lines.png" in (ROOT / "docs" / "dashboards.md").read_text("utf-8")

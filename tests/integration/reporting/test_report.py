@@ -28,8 +28,9 @@ from redline.devstack.samples.report import (
     ts,
     write_openmetrics,
 )
-from redline.reporting import format as fmt
+from redline.reporting.render import format as fmt
 from redline.reporting.run import generate_report
+from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.report import Report, Window
 from redline.slo.spec import Spec
@@ -86,12 +87,12 @@ def _increase(values: np.ndarray, sample: Sample, window: Window) -> float:
 def expected_slo(sample: Sample, name: str, window: Window) -> tuple[float, float]:
     """(events, bad events) of an SLO in the window."""
     if name == "latency":
-        total = sample.values("llm_request_duration_seconds_count")
-        fast = sample.values("llm_request_duration_seconds_bucket", le="0.8")
+        total = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.count)
+        fast = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.bucket, le="0.8")
         events = _increase(total, sample, window)
         return events, events - _increase(fast, sample, window)
-    events = _increase(sample.values("llm_requests_total"), sample, window)
-    return events, _increase(sample.values("llm_request_errors_total"), sample, window)
+    events = _increase(sample.values(catalog.LLM_REQUESTS_TOTAL.name), sample, window)
+    return events, _increase(sample.values(catalog.LLM_REQUEST_ERRORS_TOTAL.name), sample, window)
 
 
 def _steps(sample: Sample, window: Window) -> np.ndarray:
@@ -103,13 +104,15 @@ def expected_over(sample: Sample, key: str, window: Window) -> float:
     """Seconds past a line at the sample resolution over [start, end)."""
     inside = _steps(sample, window)
     if key == "index_consistency":
-        over = sample.values("vectordb_index_staleness_seconds") > 12
+        over = sample.values(catalog.VECTORDB_INDEX_STALENESS_SECONDS.name) > 12
     elif key == "context_keepalive":
-        over = sample.values("session_context_ttl_seconds") < 300
+        over = sample.values(catalog.SESSION_CONTEXT_TTL_SECONDS.name) < 300
     elif key == "rpo_session_state":
-        over = sample.values("session_cdc_rpo_seconds") > 3
+        over = sample.values(catalog.SESSION_CDC_RPO_SECONDS.name) > 3
     elif key == "rpo_lora_adapter":
-        age = sample.times - sample.values("model_checkpoint_last_success_timestamp_seconds")
+        age = sample.times - sample.values(
+            catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS.name
+        )
         over = age > 90
     elif key == "latency_p99":
         # P99 over a 5 m rate window is above 0.8 s exactly when more than 1 % of the window's
@@ -117,8 +120,10 @@ def expected_over(sample: Sample, key: str, window: Window) -> float:
         lag = 5 * MINUTE // sample.step
         over = np.zeros(sample.count, dtype=bool)
         for region in REGIONS:
-            total = sample.values("llm_request_duration_seconds_count", region=region)
-            fast = sample.values("llm_request_duration_seconds_bucket", region=region, le="0.8")
+            total = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.count, region=region)
+            fast = sample.values(
+                catalog.LLM_REQUEST_DURATION_SECONDS.bucket, region=region, le="0.8"
+            )
             d_total = total[lag:] - total[:-lag]
             d_fast = fast[lag:] - fast[:-lag]
             share_slow = 1 - d_fast / np.maximum(d_total, 1)
@@ -341,17 +346,17 @@ def test_missing_series_and_recordings(tmp_path: Path, spec: Spec) -> None:
     day = Window(ts("2025-03-01T00:00"), ts("2025-03-02T00:00"))
     sample = build_sample(days=1)
     keep = {
-        "llm_request_duration_seconds_bucket", "llm_request_duration_seconds_count",
-        "llm_requests_total", "llm_request_errors_total",
+        catalog.LLM_REQUEST_DURATION_SECONDS.bucket, catalog.LLM_REQUEST_DURATION_SECONDS.count,
+        catalog.LLM_REQUESTS_TOTAL.name, catalog.LLM_REQUEST_ERRORS_TOTAL.name,
     }  # fmt: skip
     sample.series = {k: v for k, v in sample.series.items() if k in keep}
     sample.alerts = []
     # Recorded series win over the raw ones where they exist (values unlike the raw data).
     sample.add(
-        "redline:slo_errors:ratio_rate1h", {"slo": "availability"}, np.full(sample.count, 0.25)
+        catalog.slo_errors_record("1h"), {"slo": "availability"}, np.full(sample.count, 0.25)
     )
     sample.add(
-        "redline:llm_request_duration_seconds:p99_5m",
+        catalog.quantile_record(catalog.LLM_REQUEST_DURATION_SECONDS.name, "99", "5m"),
         {"region": "primary"},
         np.full(sample.count, 0.9),
     )
@@ -369,6 +374,6 @@ def test_missing_series_and_recordings(tmp_path: Path, spec: Spec) -> None:
     for sig in [*report.red_lines[1:], *report.rpos, *report.drift]:
         assert sig.status == "no_data" and sig.attained is None and sig.peak is None, sig.key
         assert sig.message and "no samples of" in sig.message
-    assert any("vectordb_index_staleness_seconds" in n for n in report.notes)
+    assert any(catalog.VECTORDB_INDEX_STALENESS_SECONDS.name in n for n in report.notes)
     assert report.incidents == [] and report.summary.status == "fail"
     assert {c.status for c in report.maturity.checks if c.id == "session_rpo"} == {"no_data"}

@@ -19,6 +19,7 @@ from redline.devstack.processes import Service, free_port, start_prometheus
 from redline.devstack.samples.report import backfill, build_sample, write_openmetrics
 from redline.reporting.run import floor_hour
 from redline.reporting.schedule import report_folders
+from redline.slo import catalog
 from tests.support.report import sample_prometheus
 
 pytestmark = pytest.mark.integration
@@ -69,7 +70,8 @@ class Scheduler:
             text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=2).text
         except httpx.HTTPError:
             return 0.0
-        found = re.search(rf'redline_report_runs_total{{outcome="{outcome}",[^}}]*}} (\S+)', text)
+        runs = catalog.REDLINE_REPORT_RUNS_TOTAL
+        found = re.search(rf'{runs}{{outcome="{outcome}",[^}}]*}} (\S+)', text)
         return float(found.group(1)) if found else 0.0
 
     def stop(self) -> None:

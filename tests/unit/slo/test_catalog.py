@@ -66,7 +66,7 @@ def test_the_scan_finds_literals_in_code_and_f_strings_but_not_in_docstrings(
         'QUERY = f"rate(llm_requests_total[{5}m])"\n'
         'OTHER = "vectordb_write_frozen"\n'
     )
-    uses = list(_literal_uses(sample, catalog.series_names()))
+    uses = sorted(_literal_uses(sample, catalog.series_names()))
     assert uses == [(2, "llm_requests_total"), (3, "vectordb_write_frozen")]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redline.reporting import format as f
+from redline.reporting.render import format as f
 from redline.slo.report import Report, SignalReport
 
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from redline.reporting import format as f
-from redline.reporting.charts import Chart, build_charts, signal_chart_id
+from redline.reporting.render import format as f
+from redline.reporting.render.charts import Chart, build_charts, signal_chart_id
 from redline.slo.report import Report
 
 TEMPLATE = "report.html.j2"

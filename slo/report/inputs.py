@@ -1,0 +1,126 @@
+"""What the report is built from: the period and the series read from Prometheus.
+
+Plain numbers, timestamps in epoch seconds; `redline.reporting.fetch` fills them,
+`redline.slo.report.build` reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from redline.slo.maths import HOUR, hour_starts
+from redline.slo.report.text import utc
+
+
+class ReportError(Exception):
+    """The report cannot be built (e.g. the period holds no data at all)."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """A report period [start, end) in epoch seconds, whole UTC hours."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.end <= self.start:
+            raise ReportError(
+                f"empty period: end {utc(self.end)} is not after start {utc(self.start)}"
+            )
+        if self.start % HOUR or self.end % HOUR:
+            raise ReportError(
+                f"the period must start and end on whole UTC hours "
+                f"(got {utc(self.start)} .. {utc(self.end)})"
+            )
+
+    @property
+    def seconds(self) -> int:
+        """Length of the period."""
+        return self.end - self.start
+
+    @property
+    def previous(self) -> Window:
+        """The period of the same length just before this one."""
+        return Window(self.start - self.seconds, self.start)
+
+    def hours(self) -> list[float]:
+        """End timestamps of the period's hours."""
+        return hour_starts(self.start, self.end)
+
+
+@dataclass(frozen=True)
+class SloSeries:
+    """An SLO's hourly events and bad share, and its 1 h bad share at a finer step."""
+
+    hourly_total: Mapping[float, float]  # hour end -> events in that hour
+    hourly_ratio: Mapping[float, float]  # hour end -> share of bad events in that hour
+    burn_ratio: Sequence[tuple[float, float]] = ()  # (ts, bad share over the hour before ts)
+
+
+@dataclass(frozen=True)
+class SignalSeries:
+    """A thresholded signal's hourly peak, and how many evaluation steps were measured / over."""
+
+    step_seconds: float
+    hourly_peak: Mapping[float, float]  # hour end -> worst value in that hour
+    hourly_over: Mapping[float, float]  # hour end -> steps past the line
+    hourly_samples: Mapping[float, float]  # hour end -> steps with a value
+    p99: Mapping[float, float] = field(default_factory=dict)  # period end -> p99 over period
+    threshold: float | None = None  # a measured threshold (drift) instead of the spec's
+
+
+@dataclass(frozen=True)
+class AlertSamples:
+    """Timestamps at which one `ALERTS{alertstate="firing"}` series had a sample."""
+
+    labels: Mapping[str, str]
+    timestamps: Sequence[float]
+
+
+@dataclass(frozen=True)
+class RemediationCounts:
+    """Playbook runs and their durations over one period (from the receiver's metrics)."""
+
+    runs: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (playbook, outcome)
+    duration_sum: Mapping[str, float] = field(default_factory=dict)
+    duration_count: Mapping[str, float] = field(default_factory=dict)
+    measured: bool = False
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """One remediation job from the receiver's job store."""
+
+    id: str
+    playbook: str
+    outcome: str
+    started: float
+    finished: float | None
+
+
+@dataclass(frozen=True)
+class LiveSignals:
+    """Live facts the maturity assessment reads besides the SLIs."""
+
+    probes: Mapping[str, frozenset[str]] = field(default_factory=dict)  # probe -> regions
+    probes_failing_at_end: frozenset[str] = frozenset()  # "region/probe"
+    golden_evaluations: float | None = None  # golden-set evaluations in the period
+    spot_unrecoverable: float | None = None  # requests a spot drain failed for good
+
+
+@dataclass(frozen=True)
+class ReportInput:
+    """Everything the builder needs; `signals` maps a signal key to its instances."""
+
+    window: Window
+    slos: Mapping[str, SloSeries]
+    signals: Mapping[str, Sequence[tuple[str, SignalSeries]]]
+    alerts: Sequence[AlertSamples] = ()
+    remediation: RemediationCounts = field(default_factory=RemediationCounts)
+    remediation_previous: RemediationCounts = field(default_factory=RemediationCounts)
+    jobs: Sequence[JobRun] | None = None
+    live: LiveSignals = field(default_factory=LiveSignals)
+    evaluation_interval_seconds: float = 15.0
+    notes: Sequence[str] = ()
