@@ -9,8 +9,9 @@ Gauge/Counter copies of every probe series, so both expositions carry the same s
 
 Scrapes alternate exporter / bare from one keep-alive client (so both see the same machine
 state): over HTTP (uvicorn for both; identity and gzip) and in-process (`generate_latest`).
-`_created` off is the exporter's default (its wrapper drops them); the bare registry turns them
-off the library's way (`disable_created_metrics`). Then the cost of `_created` on vs off.
+`_created` off is the exporter's default; both sides turn them off the library's way
+(`disable_created_metrics`, process-wide, as the exporter does when built). Then the cost of
+`_created` on vs off.
 
 Target: exporter <= 1.1x the bare registry per scrape.
 Run: `.venv/bin/python -m bench.scrape [--scrapes N] [--combos N]`.
@@ -48,32 +49,36 @@ from prometheus_client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app, serve_in_thread
+from redline.core.servers import serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.devstack.processes import start_milvus_lite, start_redis
-from redline.exporters.app import Exporter, ThreadedServer, build_exporter_app, build_registry
+from redline.exporters.app import Exporter, build_exporter_app
 from redline.exporters.drift import encode_vector
 from redline.exporters.settings import ExporterSettings
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.platform.index import MilvusTarget, TargetSpec
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
 from redline.platform.snapshots import Baselines, SnapshotRegistry
+from redline.slo import catalog
 from redline.slo.load import default_spec_text, parse_spec
 from redline.slo.spec import Spec
 
 TARGET_RATIO = 1.1
-GATEWAY_LABELS = ("region", "served_region", "rerouted", "model", "model_version", "status")
 
 
 def gateway_like(spec: Spec, combos: int, seed: int = 1) -> tuple[Histogram, Counter]:
     """The gateway's latency histogram and request counter with `combos` label combinations."""
+    duration, requests_total = catalog.LLM_REQUEST_DURATION_SECONDS, catalog.LLM_REQUESTS_TOTAL
     histogram = Histogram(
-        "llm_request_duration_seconds",
-        "End-to-end latency at the gateway, reroutes included.",
-        GATEWAY_LABELS,
+        duration.family,
+        duration.help,
+        duration.labels,
         buckets=spec.sources.histogram_buckets,
         registry=None,
     )
-    requests = Counter("llm_requests", "Requests.", GATEWAY_LABELS, registry=None)
+    requests = Counter(
+        requests_total.family, requests_total.help, requests_total.labels, registry=None
+    )
     rng = np.random.default_rng(seed)
     regions = spec.regions
     models = [f"model-{i}" for i in range(max(1, combos // 36 + 1))]
@@ -149,12 +154,12 @@ def quantile(values: list[float], q: float) -> float:
 
 @contextlib.contextmanager
 def created(on: bool) -> Iterator[None]:
-    """prometheus-client's process-wide `_created` switch, restored to on afterwards."""
+    """prometheus-client's process-wide `_created` switch, back off (the exporter's) afterwards."""
     (enable_created_metrics if on else disable_created_metrics)()
     try:
         yield
     finally:
-        enable_created_metrics()
+        disable_created_metrics()
 
 
 def stack_up(root: Path, stack: contextlib.ExitStack) -> tuple[ExporterSettings, Spec]:
@@ -272,10 +277,12 @@ def main(argv: list[str] | None = None) -> None:
         histogram, requests = gateway_like(spec, args.combos)
         extra = [histogram, requests]
         exporter = build_exporter_app(settings, spec, extra_collectors=extra)
-        server = stack.enter_context(ThreadedServer(exporter.app))
+        server = stack.enter_context(serve_in_thread(exporter.app, access_log=False))
         wait_all_ok(exporter)
         bare = mirror_registry(exporter, extra)
-        bare_server = stack.enter_context(ThreadedServer(make_asgi_app(bare), lifespan="off"))
+        bare_server = stack.enter_context(
+            serve_in_thread(make_asgi_app(bare), lifespan="off", access_log=False)
+        )
         client = stack.enter_context(httpx.Client(timeout=10))
         exporter_url, bare_url = f"{server.url}/metrics", f"{bare_server.url}/"
 
@@ -290,11 +297,14 @@ def main(argv: list[str] | None = None) -> None:
 
             return go
 
-        exp_text = client.get(exporter_url, headers={"Accept-Encoding": "identity"}).text
         with created(False):
+            exp_text = client.get(exporter_url, headers={"Accept-Encoding": "identity"}).text
             bare_text = client.get(bare_url, headers={"Accept-Encoding": "identity"}).text
         exp_series, bare_series = series(exp_text), series(bare_text)
-        dynamic = {"redline_probe_duration_seconds", "redline_probe_last_success_timestamp_seconds"}
+        dynamic = {
+            catalog.REDLINE_PROBE_DURATION_SECONDS.name,
+            catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS.name,
+        }
         if exp_series != bare_series:
             diff = sorted(exp_series ^ bare_series)[:5]
             raise SystemExit(f"expositions differ in series, e.g. {diff}")
@@ -308,21 +318,21 @@ def main(argv: list[str] | None = None) -> None:
         )
         n = args.scrapes
         # Warm-up, so neither side pays first-request costs in the measurement.
-        alternate(20, scrape(exporter_url, True, "identity"), scrape(bare_url, False, "identity"))
+        alternate(20, scrape(exporter_url, False, "identity"), scrape(bare_url, False, "identity"))
 
         print()
         print(f"per scrape, ms ({n} scrapes each, alternating)")
         print(f"{'':<34} {'exporter':>9} {'p90':>9} {'bare':>9} {'p90':>9} {'ratio':>8}")
         results: dict[str, tuple[list[float], list[float]]] = {}
         results["HTTP /metrics (identity)"] = alternate(
-            n, scrape(exporter_url, True, "identity"), scrape(bare_url, False, "identity")
+            n, scrape(exporter_url, False, "identity"), scrape(bare_url, False, "identity")
         )
         results["HTTP /metrics (gzip)"] = alternate(
-            n, scrape(exporter_url, True, "gzip"), scrape(bare_url, False, "gzip")
+            n, scrape(exporter_url, False, "gzip"), scrape(bare_url, False, "gzip")
         )
 
         def render_exporter() -> object:
-            with created(True):
+            with created(False):
                 return generate_latest(exporter.registry)
 
         def render_bare() -> object:
@@ -344,10 +354,9 @@ def main(argv: list[str] | None = None) -> None:
 
             return go
 
-        created_on_registry = build_registry(exporter.cache, extra, created_series=True)
-
         def exporter_render_on() -> object:
-            return generate_latest(created_on_registry)
+            with created(True):
+                return generate_latest(exporter.registry)
 
         print(
             row(

@@ -5,6 +5,9 @@ Each probe runs on its own interval in a daemon thread of its own (apscheduler 3
 `ProbeCache`, so a slow or hanging probe never blocks or slows a scrape; a probe still running past
 its timeout reports `redline_probe_success 0`, and a probe that raises does the same while the
 process stays up. Daemon threads let the process exit on SIGTERM even while a probe hangs.
+
+No `_created` series are exposed unless `created_series`: building the app sets
+prometheus-client's process-wide switch for them (`apply_created_series`).
 """
 
 from __future__ import annotations
@@ -13,19 +16,17 @@ import contextlib
 import gzip
 import logging
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import uvicorn
 from apscheduler.executors.base import BaseExecutor, run_job
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics, enable_created_metrics
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
@@ -50,8 +51,6 @@ from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
 
-_CREATED_TYPES = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
-
 
 class DaemonThreadExecutor(BaseExecutor):  # type: ignore[misc]
     """Runs every job in a fresh daemon thread; with max_instances=1 that is one per probe.
@@ -71,26 +70,6 @@ class DaemonThreadExecutor(BaseExecutor):  # type: ignore[misc]
 
         thread = threading.Thread(target=target, name=f"probe-{job.id}", daemon=True)
         thread.start()
-
-
-class WithoutCreated(Collector):
-    """Wraps a collector and drops its `_created` samples (they double a counter's series)."""
-
-    def __init__(self, inner: Collector) -> None:
-        self.inner = inner
-
-    def collect(self) -> Iterator[Any]:
-        """The inner collector's families without `_created` samples."""
-        for family in self.inner.collect():
-            if family.type in _CREATED_TYPES:
-                created = family.name + "_created"
-                family.samples = [s for s in family.samples if s.name != created]
-            yield family
-
-    def describe(self) -> list[Any]:
-        """The inner collector's descriptions, when it has any."""
-        describe: Callable[[], Iterable[Any]] | None = getattr(self.inner, "describe", None)
-        return list(describe()) if describe is not None else []
 
 
 @dataclass
@@ -141,14 +120,28 @@ def build_scheduler() -> BackgroundScheduler:
 
 
 def build_registry(
-    cache: ProbeCache, extra_collectors: Sequence[Collector] = (), created_series: bool = False
+    cache: ProbeCache, extra_collectors: Sequence[Collector] = ()
 ) -> CollectorRegistry:
-    """The exporter's own registry: the probe cache plus extra collectors (`_created` optional)."""
+    """The exporter's own registry: the probe cache plus extra collectors."""
     registry = CollectorRegistry(auto_describe=True)
     registry.register(cache)
     for collector in extra_collectors:
-        registry.register(collector if created_series else WithoutCreated(collector))
+        registry.register(collector)
     return registry
+
+
+def apply_created_series(on: bool) -> None:
+    """Turn prometheus-client's `_created` series on or off, for the whole process.
+
+    The library reads this switch at every scrape, for every registry, so it cannot differ
+    between two exporters of one process: the last one built decides. The probe cache's families
+    never carry `_created`; the switch matters for extra collectors' counters and histograms.
+    """
+    # prometheus-client leaves these two untyped.
+    if on:
+        enable_created_metrics()  # type: ignore[no-untyped-call]
+    else:
+        disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def build_metrics_router(
@@ -343,7 +336,8 @@ def build_exporter_app(
         probes = build_probes(settings, spec)
     timeouts = hang_timeouts(settings, probes)
     cache = ProbeCache(probes, timeout_seconds=settings.probe_timeout_seconds, timeouts=timeouts)
-    registry = build_registry(cache, extra_collectors, settings.created_series)
+    apply_created_series(settings.created_series)
+    registry = build_registry(cache, extra_collectors)
     scheduler = build_scheduler()
 
     @contextlib.asynccontextmanager
@@ -366,56 +360,14 @@ def build_exporter_app(
     return exporter
 
 
-class ThreadedServer:
-    """uvicorn serving an ASGI app in a daemon thread (tests, benchmarks, embedding)."""
-
-    def __init__(
-        self,
-        app: Any,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        lifespan: Literal["auto", "on", "off"] = "on",
-    ) -> None:
-        if port == 0:
-            from redline.devstack.processes import free_port
-
-            port = free_port(host)
-        self.host = host
-        self.port = port
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", lifespan=lifespan, access_log=False
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-
-    @property
-    def url(self) -> str:
-        """Base URL of the server."""
-        return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> ThreadedServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start on {self.url}")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 __all__ = [
     "ProbeConfigError",
     "DaemonThreadExecutor",
     "Exporter",
-    "WithoutCreated",
     "hang_timeouts",
     "build_exporter_app",
     "build_probes",
     "build_registry",
     "build_scheduler",
-    "ThreadedServer",
+    "apply_created_series",
 ]

@@ -53,6 +53,7 @@ from redline.exporters.drift_stats import (
     effective_window_size,
 )
 from redline.exporters.probe import MetricDef, Sample
+from redline.slo import catalog
 from redline.slo.spec import Drift
 
 log = logging.getLogger(__name__)
@@ -61,30 +62,10 @@ INVALID_REASONS = ("wrong_dimension", "non_finite", "undecodable")
 MILVUS_QUERY_WINDOW = 16384  # Milvus caps offset + limit of one query at 16384 rows
 
 DRIFT_METRICS = (
-    MetricDef(
-        "embedding_drift_score",
-        "gauge",
-        "Drift score of the latest window of embeddings against the reference.",
-        ("collection", "method"),
-    ),
-    MetricDef(
-        "embedding_drift_threshold",
-        "gauge",
-        "Threshold of the drift score, calibrated on the reference (bounded false-positive rate).",
-        ("collection", "method"),
-    ),
-    MetricDef(
-        "embedding_drift_window_samples",
-        "gauge",
-        "Valid vectors scored in the latest window (valid vectors seen when too few to score).",
-        ("collection",),
-    ),
-    MetricDef(
-        "embedding_drift_invalid_vectors",
-        "counter",
-        "Window vectors skipped at each evaluation: wrong dimension, NaN/inf, undecodable.",
-        ("collection", "reason"),
-    ),
+    MetricDef.of(catalog.EMBEDDING_DRIFT_SCORE),
+    MetricDef.of(catalog.EMBEDDING_DRIFT_THRESHOLD),
+    MetricDef.of(catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES),
+    MetricDef.of(catalog.EMBEDDING_DRIFT_INVALID_VECTORS_TOTAL),
 )
 
 
@@ -402,7 +383,7 @@ class DriftProbe:
                 )
             samples = [
                 Sample(
-                    "embedding_drift_invalid_vectors",
+                    catalog.EMBEDDING_DRIFT_INVALID_VECTORS_TOTAL.family,
                     float(total),
                     {"collection": self.collection, "reason": reason},
                 )
@@ -418,16 +399,20 @@ class DriftProbe:
                     valid,
                     self.min_window,
                 )
-                samples.append(Sample("embedding_drift_window_samples", valid, window_label))
+                samples.append(
+                    Sample(catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES.family, valid, window_label)
+                )
                 return samples
             window = clean.vectors[:size]
-            samples.append(Sample("embedding_drift_window_samples", size, window_label))
+            samples.append(
+                Sample(catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES.family, size, window_label)
+            )
             for method in self.methods:
                 result = detector.evaluate(window, method)
                 threshold = self.fixed_thresholds.get(method, result.threshold)
                 labels = {"collection": self.collection, "method": method}
-                samples.append(Sample("embedding_drift_score", result.score, labels))
-                samples.append(Sample("embedding_drift_threshold", threshold, labels))
+                samples.append(Sample(catalog.EMBEDDING_DRIFT_SCORE.family, result.score, labels))
+                samples.append(Sample(catalog.EMBEDDING_DRIFT_THRESHOLD.family, threshold, labels))
             return samples
 
 

@@ -26,6 +26,7 @@ from redline.platform.index import (
     PrimaryApplyError,
     parse_stream_id,
 )
+from redline.slo import catalog
 
 CANARY_PREFIX = "__redline_canary__."
 
@@ -34,37 +35,11 @@ class IndexStalenessProbe:
     """Publishes staleness, delta-log backlog, freeze state and replays of one replica."""
 
     metrics = (
-        MetricDef(
-            "vectordb_index_staleness_seconds",
-            "gauge",
-            "Seconds between a canary's write on the primary and its visibility on the replica "
-            "(now - written while not yet visible).",
-            ("collection", "replica"),
-        ),
-        MetricDef(
-            "vectordb_delta_log_pending_entries",
-            "gauge",
-            "Delta-log entries after the replica's checkpoint.",
-            ("collection", "replica"),
-        ),
-        MetricDef(
-            "vectordb_delta_log_oldest_pending_age_seconds",
-            "gauge",
-            "Age of the oldest delta-log entry after the replica's checkpoint (0 when none).",
-            ("collection", "replica"),
-        ),
-        MetricDef(
-            "vectordb_write_frozen",
-            "gauge",
-            "1 while writes to the primary are frozen (they still land in the delta log).",
-            ("collection",),
-        ),
-        MetricDef(
-            "vectordb_delta_log_replayed",
-            "counter",
-            "Delta-log entries applied to the replica by replays.",
-            ("collection", "replica"),
-        ),
+        MetricDef.of(catalog.VECTORDB_INDEX_STALENESS_SECONDS),
+        MetricDef.of(catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES),
+        MetricDef.of(catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS),
+        MetricDef.of(catalog.VECTORDB_WRITE_FROZEN),
+        MetricDef.of(catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL),
     )
 
     def __init__(
@@ -107,15 +82,19 @@ class IndexStalenessProbe:
         staleness = self._staleness(state.checkpoint, state.checkpoint_ms)
         labels = self._labels
         return [
-            Sample("vectordb_index_staleness_seconds", staleness, labels),
-            Sample("vectordb_delta_log_pending_entries", float(pending), labels),
-            Sample("vectordb_delta_log_oldest_pending_age_seconds", oldest_age or 0.0, labels),
+            Sample(catalog.VECTORDB_INDEX_STALENESS_SECONDS.family, staleness, labels),
+            Sample(catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES.family, float(pending), labels),
             Sample(
-                "vectordb_write_frozen",
+                catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.family,
+                oldest_age or 0.0,
+                labels,
+            ),
+            Sample(
+                catalog.VECTORDB_WRITE_FROZEN.family,
                 1.0 if frozen else 0.0,
                 {"collection": labels["collection"]},
             ),
-            Sample("vectordb_delta_log_replayed", float(state.replayed), labels),
+            Sample(catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL.family, float(state.replayed), labels),
         ]
 
     def _staleness(self, checkpoint: str, checkpoint_ms: int | None) -> float:

@@ -50,13 +50,14 @@ from redline.platform.sessions import (
     server_time_ms,
     stream_id_ms,
 )
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
 
-TTL_METRIC = "session_context_ttl_seconds"
-SUCCESS_METRIC = "session_keepalive_probe_success"
-EVICTED_METRIC = "session_context_evicted"
+TTL_METRIC = catalog.SESSION_CONTEXT_TTL_SECONDS.family
+SUCCESS_METRIC = catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.family
+EVICTED_METRIC = catalog.SESSION_CONTEXT_EVICTED_TOTAL.family
 DEFAULT_CANARIES_KEY = "session:keepalive:canaries"
 CANARY_SESSION_PREFIX = "__keepalive_canary__:"
 
@@ -213,22 +214,9 @@ class KeepaliveProbe:
     """Canary sessions on primary and replica, effective TTL, and keys lost before min_seconds."""
 
     metrics = (
-        MetricDef(
-            TTL_METRIC,
-            "gauge",
-            "Effective TTL of recently written session keys (min of age + remaining TTL).",
-        ),
-        MetricDef(
-            SUCCESS_METRIC,
-            "gauge",
-            "1 if the canary sessions checked last were alive on primary and replica after "
-            "the keep-alive minimum.",
-        ),
-        MetricDef(
-            EVICTED_METRIC,
-            "counter",
-            "Session keys expired or evicted before the keep-alive minimum.",
-        ),
+        MetricDef.of(catalog.SESSION_CONTEXT_TTL_SECONDS),
+        MetricDef.of(catalog.SESSION_KEEPALIVE_PROBE_SUCCESS),
+        MetricDef.of(catalog.SESSION_CONTEXT_EVICTED_TOTAL),
     )
 
     def __init__(

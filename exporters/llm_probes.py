@@ -36,36 +36,17 @@ from redline.platform.golden import (
     GoldenPrompt,
     fetch_golden_answer,
 )
+from redline.slo import catalog
 
 log = logging.getLogger(__name__)
 
 ENDPOINT_METRICS = (
-    MetricDef(
-        "llm_probe_success",
-        "gauge",
-        "1 if the region's endpoint check (healthz, chat_dry_run) succeeded.",
-        ("region", "probe"),
-    ),
-    MetricDef(
-        "llm_probe_duration_seconds",
-        "gauge",
-        "Duration of the region's last endpoint check.",
-        ("region", "probe"),
-    ),
+    MetricDef.of(catalog.LLM_PROBE_SUCCESS),
+    MetricDef.of(catalog.LLM_PROBE_DURATION_SECONDS),
 )
 GOLDEN_METRICS = (
-    MetricDef(
-        "llm_eval_requests",
-        "counter",
-        "Golden prompts answered, by model and serving version.",
-        ("model", "model_version"),
-    ),
-    MetricDef(
-        "llm_eval_correct",
-        "counter",
-        "Golden prompts answered correctly, by model and serving version.",
-        ("model", "model_version"),
-    ),
+    MetricDef.of(catalog.LLM_EVAL_REQUESTS_TOTAL),
+    MetricDef.of(catalog.LLM_EVAL_CORRECT_TOTAL),
 )
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_]+")
 
@@ -114,9 +95,11 @@ class EndpointProbe:
             else:
                 ok = 1.0
             labels = {"region": self.region, "probe": probe}
-            samples.append(Sample("llm_probe_success", ok, labels))
+            samples.append(Sample(catalog.LLM_PROBE_SUCCESS.family, ok, labels))
             samples.append(
-                Sample("llm_probe_duration_seconds", time.perf_counter() - started, labels)
+                Sample(
+                    catalog.LLM_PROBE_DURATION_SECONDS.family, time.perf_counter() - started, labels
+                )
             )
         return samples
 
@@ -213,8 +196,8 @@ class GoldenSetProbe:
         out: list[Sample] = []
         for version, (requests, correct) in sorted(self._totals.items()):
             labels = {"model": self.model, "model_version": version}
-            out.append(Sample("llm_eval_requests", float(requests), labels))
-            out.append(Sample("llm_eval_correct", float(correct), labels))
+            out.append(Sample(catalog.LLM_EVAL_REQUESTS_TOTAL.family, float(requests), labels))
+            out.append(Sample(catalog.LLM_EVAL_CORRECT_TOTAL.family, float(correct), labels))
         return out
 
     def close(self) -> None:

@@ -12,32 +12,13 @@ from collections.abc import Sequence
 
 from redline.exporters.probe import MetricDef, Sample
 from redline.platform.snapshots import SnapshotRegistry
+from redline.slo import catalog
 
 MODEL_METRICS = (
-    MetricDef(
-        "model_active_info",
-        "gauge",
-        "1 for the snapshot each model serves, with its version and file hashes.",
-        ("model", "version", "weights_hash", "config_hash"),
-    ),
-    MetricDef(
-        "model_checkpoint_last_success_timestamp_seconds",
-        "gauge",
-        "Unix time of the last successful checkpoint of a LoRA adapter.",
-        ("adapter",),
-    ),
-    MetricDef(
-        "model_baseline_p99_seconds",
-        "gauge",
-        "P99 latency recorded when the model version was verified.",
-        ("model", "model_version"),
-    ),
-    MetricDef(
-        "model_baseline_accuracy_ratio",
-        "gauge",
-        "Golden-set accuracy recorded when the model version was verified.",
-        ("model", "model_version"),
-    ),
+    MetricDef.of(catalog.MODEL_ACTIVE_INFO),
+    MetricDef.of(catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS),
+    MetricDef.of(catalog.MODEL_BASELINE_P99_SECONDS),
+    MetricDef.of(catalog.MODEL_BASELINE_ACCURACY_RATIO),
 )
 
 
@@ -70,7 +51,7 @@ class ModelVersionsProbe:
             if active is not None:
                 samples.append(
                     Sample(
-                        "model_active_info",
+                        catalog.MODEL_ACTIVE_INFO.family,
                         1.0,
                         {
                             "model": model,
@@ -93,17 +74,23 @@ class ModelVersionsProbe:
                 seen.add(snapshot.version)
                 labels = {"model": model, "model_version": snapshot.version}
                 samples.append(
-                    Sample("model_baseline_p99_seconds", snapshot.baselines.p99_seconds, labels)
+                    Sample(
+                        catalog.MODEL_BASELINE_P99_SECONDS.family,
+                        snapshot.baselines.p99_seconds,
+                        labels,
+                    )
                 )
                 samples.append(
                     Sample(
-                        "model_baseline_accuracy_ratio", snapshot.baselines.accuracy_ratio, labels
+                        catalog.MODEL_BASELINE_ACCURACY_RATIO.family,
+                        snapshot.baselines.accuracy_ratio,
+                        labels,
                     )
                 )
         for checkpoint in self.registry.checkpoints():
             samples.append(
                 Sample(
-                    "model_checkpoint_last_success_timestamp_seconds",
+                    catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS.family,
                     checkpoint.last_success,
                     {"adapter": checkpoint.adapter},
                 )

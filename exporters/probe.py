@@ -17,6 +17,8 @@ from typing import Literal, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from redline.slo import catalog
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +30,14 @@ class MetricDef:
     kind: Literal["gauge", "counter"]
     help: str
     labels: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, metric: catalog.Metric) -> MetricDef:
+        """The definition of a catalog entry (a gauge or a counter)."""
+        if metric.kind not in ("gauge", "counter"):
+            raise ValueError(f"{metric.name}: a probe publishes gauges and counters only")
+        kind: Literal["gauge", "counter"] = "gauge" if metric.kind == "gauge" else "counter"
+        return cls(metric.family, kind, metric.help, metric.labels)
 
 
 @dataclass(frozen=True)
@@ -77,16 +87,9 @@ class _State:
 
 
 PROBE_METRICS = (
-    MetricDef("redline_probe_success", "gauge", "1 if the probe's last run succeeded.", ("probe",)),
-    MetricDef(
-        "redline_probe_duration_seconds", "gauge", "Duration of the probe's last run.", ("probe",)
-    ),
-    MetricDef(
-        "redline_probe_last_success_timestamp_seconds",
-        "gauge",
-        "Unix time of the probe's last successful run.",
-        ("probe",),
-    ),
+    MetricDef.of(catalog.REDLINE_PROBE_SUCCESS),
+    MetricDef.of(catalog.REDLINE_PROBE_DURATION_SECONDS),
+    MetricDef.of(catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS),
 )
 
 
@@ -187,10 +190,10 @@ class ProbeCache(Collector):
                 hung = running is not None and running > self.timeout_for(name)
                 success = 0.0 if hung else float(state.success)
                 duration = running if hung and running is not None else state.duration_seconds
-                _add(families["redline_probe_success"], [name], success)
-                _add(families["redline_probe_duration_seconds"], [name], duration)
+                _add(families[catalog.REDLINE_PROBE_SUCCESS.family], [name], success)
+                _add(families[catalog.REDLINE_PROBE_DURATION_SECONDS.family], [name], duration)
                 if state.last_success is not None:
-                    family = families["redline_probe_last_success_timestamp_seconds"]
+                    family = families[catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS.family]
                     _add(family, [name], state.last_success)
                 definitions = {m.name: m for m in self.probes[name].metrics}
                 for sample in state.samples:

@@ -22,8 +22,9 @@ from redline.platform.sessions import (
     measure_cdc_rpo,
     open_redis,
 )
+from redline.slo import catalog
 
-RPO_METRIC = "session_cdc_rpo_seconds"
+RPO_METRIC = catalog.SESSION_CDC_RPO_SECONDS.family
 
 
 class CdcTarget(BaseModel):
@@ -52,14 +53,7 @@ class SessionRpoSettings(BaseModel):
 class SessionRpoProbe:
     """Measures `session_cdc_rpo_seconds` for each configured (stream, group) pair."""
 
-    metrics = (
-        MetricDef(
-            RPO_METRIC,
-            "gauge",
-            "Age of the oldest CDC entry the group has not ACKed (pending or undelivered).",
-            ("stream", "group"),
-        ),
-    )
+    metrics = (MetricDef.of(catalog.SESSION_CDC_RPO_SECONDS),)
 
     def __init__(
         self,

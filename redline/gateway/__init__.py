@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from redline.gateway.app import (
-    DEFAULT_GATEWAY_PORT,
+from redline.gateway.app import build_gateway_app
+from redline.gateway.metrics import (
     REQUEST_LABELS,
     REROUTE_REASONS,
     TOKEN_LABELS,
     TTFT_BUCKETS,
-    Gateway,
-    GatewayConfigError,
     GatewayMetrics,
-    GatewaySettings,
-    SpotDrainRequest,
-    SpotReleaseRequest,
-    StreamCutError,
-    build_gateway_app,
 )
+from redline.gateway.proxy import Gateway, StreamCutError
+from redline.gateway.settings import DEFAULT_GATEWAY_PORT, GatewayConfigError, GatewaySettings
+from redline.gateway.spot import SpotDrainRequest, SpotReleaseRequest
 
 __all__ = [
     "DEFAULT_GATEWAY_PORT",

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import httpx
 from prometheus_client import CollectorRegistry
 
-from redline.devstack.fakes.simulator import ServerThread, serve_in_thread
+from redline.core.servers import ServerThread, serve_in_thread
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.slo.load import load_spec
 

@@ -27,6 +27,7 @@ from redline.exporters.drift import (
 )
 from redline.exporters.drift_stats import DriftSettings
 from redline.exporters.probe import ProbeCache
+from redline.slo import catalog
 from redline.slo.spec import Drift
 
 pytestmark = pytest.mark.integration
@@ -130,19 +131,25 @@ def test_milvus_probe_scores_the_newest_rows_against_a_collection_snapshot(
     cache.run(probe.name)
     assert cache.status()[probe.name]["success"] is True, cache.status()
     series = _series(cache)
-    assert _value(series, "embedding_drift_window_samples", collection=live_name) == WINDOW
+    assert (
+        _value(series, catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES.name, collection=live_name) == WINDOW
+    )
     assert (
         _value(
             series,
-            "embedding_drift_invalid_vectors_total",
+            catalog.EMBEDDING_DRIFT_INVALID_VECTORS_TOTAL.name,
             collection=live_name,
             reason="non_finite",
         )
         == 3
     )
     for method in ("mmd", "mean_cosine", "classifier_auc"):
-        score = _value(series, "embedding_drift_score", collection=live_name, method=method)
-        threshold = _value(series, "embedding_drift_threshold", collection=live_name, method=method)
+        score = _value(
+            series, catalog.EMBEDDING_DRIFT_SCORE.name, collection=live_name, method=method
+        )
+        threshold = _value(
+            series, catalog.EMBEDDING_DRIFT_THRESHOLD.name, collection=live_name, method=method
+        )
         assert score < threshold, (method, score, threshold)
 
     # Now the newest rows come from the shifted topic: the same probe must see it.
@@ -150,14 +157,18 @@ def test_milvus_probe_scores_the_newest_rows_against_a_collection_snapshot(
     cache.run(probe.name)
     series = _series(cache)
     for method in ("mmd", "mean_cosine", "classifier_auc"):
-        score = _value(series, "embedding_drift_score", collection=live_name, method=method)
-        threshold = _value(series, "embedding_drift_threshold", collection=live_name, method=method)
+        score = _value(
+            series, catalog.EMBEDDING_DRIFT_SCORE.name, collection=live_name, method=method
+        )
+        threshold = _value(
+            series, catalog.EMBEDDING_DRIFT_THRESHOLD.name, collection=live_name, method=method
+        )
         assert score > threshold, (method, score, threshold)
     # The NaN rows have left the window; the counter keeps its total.
     assert (
         _value(
             series,
-            "embedding_drift_invalid_vectors_total",
+            catalog.EMBEDDING_DRIFT_INVALID_VECTORS_TOTAL.name,
             collection=live_name,
             reason="non_finite",
         )
@@ -200,21 +211,27 @@ def test_redis_stream_probe_skips_bad_vectors_and_detects_a_shift(
         assert cache.status()[probe.name]["success"] is True, cache.status()
         series = _series(cache)
         labels = {"collection": stream}
-        assert _value(series, "embedding_drift_window_samples", **labels) == WINDOW
+        assert _value(series, catalog.EMBEDDING_DRIFT_WINDOW_SAMPLES.name, **labels) == WINDOW
         invalid = {
-            reason: _value(series, "embedding_drift_invalid_vectors_total", reason=reason, **labels)
+            reason: _value(
+                series, catalog.EMBEDDING_DRIFT_INVALID_VECTORS_TOTAL.name, reason=reason, **labels
+            )
             for reason in ("wrong_dimension", "non_finite", "undecodable")
         }
         assert invalid == {"wrong_dimension": 1, "non_finite": 1, "undecodable": 2}
-        score = _value(series, "embedding_drift_score", method="mmd", **labels)
-        assert score < _value(series, "embedding_drift_threshold", method="mmd", **labels)
+        score = _value(series, catalog.EMBEDDING_DRIFT_SCORE.name, method="mmd", **labels)
+        assert score < _value(
+            series, catalog.EMBEDDING_DRIFT_THRESHOLD.name, method="mmd", **labels
+        )
 
         for vector in _sample(rng, WINDOW, shifted=True):
             client.xadd(stream, {"vector": encode_vector(vector)})
         cache.run(probe.name)
         series = _series(cache)
-        score = _value(series, "embedding_drift_score", method="mmd", **labels)
-        assert score > _value(series, "embedding_drift_threshold", method="mmd", **labels)
+        score = _value(series, catalog.EMBEDDING_DRIFT_SCORE.name, method="mmd", **labels)
+        assert score > _value(
+            series, catalog.EMBEDDING_DRIFT_THRESHOLD.name, method="mmd", **labels
+        )
     finally:
         client.close()
 
@@ -232,8 +249,8 @@ def test_spec_probe_fails_while_milvus_is_down_and_recovers(tmp_path: Path) -> N
     status = cache.status()[probe.name]
     assert status["success"] is False and "MilvusException" in str(status["error"])
     series = _series(cache)
-    assert _value(series, "redline_probe_success", probe=probe.name) == 0
-    assert not any(name == "embedding_drift_score" for name, _ in series)
+    assert _value(series, catalog.REDLINE_PROBE_SUCCESS.name, probe=probe.name) == 0
+    assert not any(name == catalog.EMBEDDING_DRIFT_SCORE.name for name, _ in series)
 
     service = start_milvus_lite(tmp_path / "milvus", port=port)
     try:
@@ -249,8 +266,8 @@ def test_spec_probe_fails_while_milvus_is_down_and_recovers(tmp_path: Path) -> N
         assert cache.status()[probe.name]["success"] is True, cache.status()
         series = _series(cache)
         labels = {"collection": "documents", "method": "mmd"}
-        assert _value(series, "embedding_drift_score", **labels) > _value(
-            series, "embedding_drift_threshold", **labels
+        assert _value(series, catalog.EMBEDDING_DRIFT_SCORE.name, **labels) > _value(
+            series, catalog.EMBEDDING_DRIFT_THRESHOLD.name, **labels
         )
     finally:
         service.stop()

@@ -22,15 +22,17 @@ import yaml
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.parser import text_string_to_metric_families
 
-from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app, serve_in_thread
+from redline.core.servers import serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.devstack.processes import Service, free_port
-from redline.exporters.app import ThreadedServer, build_exporter_app
+from redline.exporters.app import build_exporter_app
 from redline.exporters.drift import encode_vector
 from redline.exporters.probe import MetricDef, Sample
 from redline.exporters.settings import ExporterSettings, load_exporter_settings
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.platform.index import MilvusTarget, TargetSpec
 from redline.platform.snapshots import Baselines, SnapshotRegistry
+from redline.slo import catalog
 from redline.slo.load import default_spec_text, load_spec
 
 pytestmark = pytest.mark.integration
@@ -142,7 +144,10 @@ def test_hanging_probe_never_slows_a_scrape_and_reports_failure_after_timeout() 
     settings = _settings(probe_timeout_seconds=1.0)
     exporter = build_exporter_app(settings, load_spec().spec, probes=[sleepy, raising, counting])
     try:
-        with ThreadedServer(exporter.app) as server, httpx.Client(base_url=server.url) as client:
+        with (
+            serve_in_thread(exporter.app, access_log=False) as server,
+            httpx.Client(base_url=server.url) as client,
+        ):
             time.sleep(0.3)
             durations = []
             deadline = time.monotonic() + 2.0
@@ -155,19 +160,22 @@ def test_hanging_probe_never_slows_a_scrape_and_reports_failure_after_timeout() 
             assert max(durations) < 0.2, f"slowest scrape {max(durations):.3f} s"
             text = response.text
             # Past its 1 s timeout the hung probe fails; its gauges are unknown, not stale.
-            assert probe_value(text, "redline_probe_success", "sleepy") == 0.0
-            running_for = probe_value(text, "redline_probe_duration_seconds", "sleepy")
+            assert probe_value(text, catalog.REDLINE_PROBE_SUCCESS.name, "sleepy") == 0.0
+            running_for = probe_value(text, catalog.REDLINE_PROBE_DURATION_SECONDS.name, "sleepy")
             assert running_for is not None and running_for > 1.0
             assert not values(text, "sleepy_value")
             assert sleepy.starts == 1, "max_instances=1: a hung run is never overlapped"
             # The raising probe fails every run; the process keeps serving.
-            assert probe_value(text, "redline_probe_success", "raising") == 0.0
+            assert probe_value(text, catalog.REDLINE_PROBE_SUCCESS.name, "raising") == 0.0
             assert raising.runs >= 5
             assert (
-                probe_value(text, "redline_probe_last_success_timestamp_seconds", "raising") is None
+                probe_value(
+                    text, catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS.name, "raising"
+                )
+                is None
             )
             # The healthy probe kept running on its own interval beside the hung one.
-            assert probe_value(text, "redline_probe_success", "counting") == 1.0
+            assert probe_value(text, catalog.REDLINE_PROBE_SUCCESS.name, "counting") == 1.0
             runs = values(text, "counting_runs_total")[(("kind", "scheduled"),)]
             assert runs >= 5
             assert not any(name.endswith("_created") for name in _sample_names(text))
@@ -194,7 +202,7 @@ def test_created_series_only_when_configured_on() -> None:
     def histogram_registry() -> CollectorRegistry:
         registry = CollectorRegistry()
         histogram = Histogram(
-            "llm_request_duration_seconds", "E2E latency.", ["region"], registry=registry
+            catalog.LLM_REQUEST_DURATION_SECONDS.name, "E2E latency.", ["region"], registry=registry
         )
         histogram.labels("primary").observe(0.3)
         return registry
@@ -207,11 +215,14 @@ def test_created_series_only_when_configured_on() -> None:
             probes=[CountingProbe(interval=5)],
             extra_collectors=[histogram_registry()],
         )
-        with ThreadedServer(exporter.app) as server, httpx.Client(base_url=server.url) as client:
+        with (
+            serve_in_thread(exporter.app, access_log=False) as server,
+            httpx.Client(base_url=server.url) as client,
+        ):
             text = client.get("/metrics").text
             names = _sample_names(text)
-            assert "llm_request_duration_seconds_bucket" in names
-            assert ("llm_request_duration_seconds_created" in names) is expected
+            assert catalog.LLM_REQUEST_DURATION_SECONDS.bucket in names
+            assert (f"{catalog.LLM_REQUEST_DURATION_SECONDS}_created" in names) is expected
             result = promtool_check(text)
             assert result.returncode == 0, result.stdout + result.stderr
             gz = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
@@ -307,17 +318,18 @@ def test_exporter_subprocess_serves_probes_survives_failures_and_stops(
     try:
         metrics = f"{process.url}/metrics"
         text = _wait_for(
-            metrics, lambda t: probe_value(t, "redline_probe_success", "model_versions") == 1.0
+            metrics,
+            lambda t: probe_value(t, catalog.REDLINE_PROBE_SUCCESS.name, "model_versions") == 1.0,
         )
-        info = values(text, "model_active_info")
+        info = values(text, catalog.MODEL_ACTIVE_INFO.name)
         assert len(info) == 1
         labels = dict(next(iter(info)))
         assert labels["model"] == "chat" and labels["version"] == "2024-06-01"
         assert len(labels["weights_hash"]) == 64
-        assert values(text, "model_baseline_p99_seconds") == {
+        assert values(text, catalog.MODEL_BASELINE_P99_SECONDS.name) == {
             (("model", "chat"), ("model_version", "2024-06-01")): 0.61
         }
-        assert values(text, "model_checkpoint_last_success_timestamp_seconds") == {
+        assert values(text, catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS.name) == {
             (("adapter", "chat-lora"),): 1_700_000_000.0
         }
         result = promtool_check(text)
@@ -328,15 +340,16 @@ def test_exporter_subprocess_serves_probes_survives_failures_and_stops(
         good = pointer.read_text()
         pointer.write_text("{ half a pointer")
         text = _wait_for(
-            metrics, lambda t: probe_value(t, "redline_probe_success", "model_versions") == 0.0
+            metrics,
+            lambda t: probe_value(t, catalog.REDLINE_PROBE_SUCCESS.name, "model_versions") == 0.0,
         )
-        assert not values(text, "model_active_info")
+        assert not values(text, catalog.MODEL_ACTIVE_INFO.name)
         health = httpx.get(f"{process.url}/healthz", timeout=2).json()
         assert "malformed JSON" in health["probes"]["model_versions"]["error"]
         assert process.process.poll() is None
         # ...and recovers by itself once the file is repaired.
         pointer.write_text(good)
-        _wait_for(metrics, lambda t: len(values(t, "model_active_info")) == 1)
+        _wait_for(metrics, lambda t: len(values(t, catalog.MODEL_ACTIVE_INFO.name)) == 1)
     finally:
         started = time.monotonic()
         code = process.stop()
@@ -536,21 +549,24 @@ def test_every_probe_is_wired_from_settings(
         assert time.perf_counter() - started < 0.2
         names = _sample_names(text)
         for expected in (
-            "model_active_info",
-            "llm_probe_success",
-            "llm_eval_requests_total",
-            "vectordb_index_staleness_seconds",
-            "vectordb_write_frozen",
-            "session_cdc_rpo_seconds",
-            "session_context_ttl_seconds",
-            "embedding_drift_score",
-            "embedding_drift_threshold",
+            catalog.MODEL_ACTIVE_INFO.name,
+            catalog.LLM_PROBE_SUCCESS.name,
+            catalog.LLM_EVAL_REQUESTS_TOTAL.name,
+            catalog.VECTORDB_INDEX_STALENESS_SECONDS.name,
+            catalog.VECTORDB_WRITE_FROZEN.name,
+            catalog.SESSION_CDC_RPO_SECONDS.name,
+            catalog.SESSION_CONTEXT_TTL_SECONDS.name,
+            catalog.EMBEDDING_DRIFT_SCORE.name,
+            catalog.EMBEDDING_DRIFT_THRESHOLD.name,
         ):
             assert expected in names, expected
         assert (
-            values(text, "llm_probe_success")[(("probe", "healthz"), ("region", "secondary"))] == 1
+            values(text, catalog.LLM_PROBE_SUCCESS.name)[
+                (("probe", "healthz"), ("region", "secondary"))
+            ]
+            == 1
         )
-        assert values(text, "session_cdc_rpo_seconds") == {
+        assert values(text, catalog.SESSION_CDC_RPO_SECONDS.name) == {
             (("group", "replica"), ("stream", "wired:cdc")): 0.0
         }
         result = promtool_check(text)

@@ -31,6 +31,7 @@ from redline.platform.index import (
     replay_delta_log,
     unfreeze_writes,
 )
+from redline.slo import catalog
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +99,7 @@ def _until_fresh(
         ok, values, _ = _run(cache, probe.name)
         seen = before is not None and _canary_ts(probe) != before
         last = (ok, seen, values, cache.status()[probe.name]["error"])
-        staleness = values.get("vectordb_index_staleness_seconds")
+        staleness = values.get(catalog.VECTORDB_INDEX_STALENESS_SECONDS.name)
         if ok and seen and staleness is not None and staleness < below:
             return staleness
         time.sleep(0.2)
@@ -174,7 +175,10 @@ def test_paused_replicator_shows_growing_staleness_then_recovers(
             ok, values, elapsed = _run(cache, probe.name)
             assert ok and elapsed < 1.0, cache.status()
             series.append(
-                (time.monotonic() - paused_at, values["vectordb_index_staleness_seconds"])
+                (
+                    time.monotonic() - paused_at,
+                    values[catalog.VECTORDB_INDEX_STALENESS_SECONDS.name],
+                )
             )
             time.sleep(0.5)
         final = _samples(cache)
@@ -182,8 +186,8 @@ def test_paused_replicator_shows_growing_staleness_then_recovers(
         # staleness tracks wall time while the replica is stuck (within a probe interval)
         for at, staleness in series[2:]:
             assert staleness >= at - 1.0, series
-        assert final["vectordb_delta_log_pending_entries"] >= 2  # the canary and the row
-        assert final["vectordb_delta_log_oldest_pending_age_seconds"] >= 12.0
+        assert final[catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES.name] >= 2  # the canary and the row
+        assert final[catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name] >= 12.0
 
         log.set_paused("replica", False)
         resumed_at = time.monotonic()
@@ -207,33 +211,35 @@ def test_probe_follows_freeze_backlog_and_replay(redis_url: str, milvus_service:
     writer = IndexWriter(log, primary, "eu")
     try:
         ok, values, _ = _run(cache, probe.name)  # writes the first canary
-        assert ok and values["vectordb_write_frozen"] == 0.0
+        assert ok and values[catalog.VECTORDB_WRITE_FROZEN.name] == 0.0
         writer.freeze("drill")
         vectors = np.random.default_rng(1).standard_normal((50, DIM))
         writer.upsert_many([(f"doc-{i}", vectors[i]) for i in range(50)])
         time.sleep(0.3)
         ok, values, _ = _run(cache, probe.name)
-        assert ok and values["vectordb_write_frozen"] == 1.0
-        assert values["vectordb_delta_log_pending_entries"] == 51.0  # canary + 50 rows
-        assert values["vectordb_delta_log_oldest_pending_age_seconds"] >= 0.3
-        assert values["vectordb_index_staleness_seconds"] >= 0.3  # canary not on the replica
-        assert values["vectordb_delta_log_replayed_total"] == 0.0
+        assert ok and values[catalog.VECTORDB_WRITE_FROZEN.name] == 1.0
+        assert values[catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES.name] == 51.0  # canary + 50 rows
+        assert values[catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name] >= 0.3
+        assert (
+            values[catalog.VECTORDB_INDEX_STALENESS_SECONDS.name] >= 0.3
+        )  # canary not on the replica
+        assert values[catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL.name] == 0.0
 
         report = replay_delta_log(log, replica, batch_size=16)
         assert report.ok and report.entries == 51
         ok, values, _ = _run(cache, probe.name)
-        assert ok and values["vectordb_delta_log_replayed_total"] == 51.0
-        assert values["vectordb_delta_log_pending_entries"] == 0.0
-        assert values["vectordb_delta_log_oldest_pending_age_seconds"] == 0.0
+        assert ok and values[catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL.name] == 51.0
+        assert values[catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES.name] == 0.0
+        assert values[catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name] == 0.0
 
         assert unfreeze_writes(log, primary) == 51  # the rows and the canary written since
         ok, values, _ = _run(cache, probe.name)
-        assert ok and values["vectordb_write_frozen"] == 0.0
+        assert ok and values[catalog.VECTORDB_WRITE_FROZEN.name] == 0.0
 
         registry = CollectorRegistry()
         registry.register(cache)
         exposition = generate_latest(registry)
-        assert b"vectordb_delta_log_replayed_total{" in exposition
+        assert f"{catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL}{{".encode() in exposition
         lint = subprocess.run(
             ["promtool", "check", "metrics"], input=exposition, capture_output=True, check=False
         )
@@ -271,7 +277,7 @@ def test_probe_fails_fast_when_redis_or_milvus_stop_and_recovers(tmp_path: Path)
         redis_service.stop()
         ok, values, elapsed = _run(cache, probe.name)
         assert not ok and elapsed < 5.0, cache.status()
-        assert "vectordb_index_staleness_seconds" not in values  # unknown, not zero
+        assert catalog.VECTORDB_INDEX_STALENESS_SECONDS.name not in values  # unknown, not zero
         redis_service = start_redis(redis_dir, port=redis_service.port)
         _until_fresh(cache, probe, within=30)
 

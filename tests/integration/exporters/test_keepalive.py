@@ -20,6 +20,7 @@ from redline.platform.sessions import (
     SessionWriter,
     open_redis,
 )
+from redline.slo import catalog
 from redline.slo.load import load_spec
 
 pytestmark = pytest.mark.integration
@@ -94,16 +95,18 @@ def test_live_canary_reports_success_and_the_configured_ttl(
     primary, replica = replicated
     cache = ProbeCache([probe])
     cache.run(probe.name)
-    assert value(cache, "redline_probe_success", probe="session_keepalive") == 1.0
-    assert value(cache, "session_keepalive_probe_success") is None  # no canary old enough yet
-    assert value(cache, "session_context_ttl_seconds") == pytest.approx(30.0, abs=0.01)
-    assert value(cache, "session_context_evicted_total") == 0.0
+    assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_keepalive") == 1.0
+    assert (
+        value(cache, catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name) is None
+    )  # no canary old enough yet
+    assert value(cache, catalog.SESSION_CONTEXT_TTL_SECONDS.name) == pytest.approx(30.0, abs=0.01)
+    assert value(cache, catalog.SESSION_CONTEXT_EVICTED_TOTAL.name) == 0.0
     (first,) = canary_keys(primary)
     wait_for(lambda: replica.exists(first) == 1, what="the canary to reach the replica")
 
     time.sleep(MIN_SECONDS)
     cache.run(probe.name)
-    assert value(cache, "session_keepalive_probe_success") == 1.0
+    assert value(cache, catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name) == 1.0
     assert first not in canary_keys(primary)  # checked once, then removed on both sides
     assert len(canary_keys(primary)) == 1
     assert primary.exists(first) == 0
@@ -122,14 +125,14 @@ def test_canary_lost_on_either_side_reports_failure(
     (primary if side == "primary" else replica).delete(canary)
     time.sleep(MIN_SECONDS)
     cache.run(probe.name)
-    assert value(cache, "session_keepalive_probe_success") == 0.0
-    assert value(cache, "redline_probe_success", probe="session_keepalive") == 1.0
+    assert value(cache, catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name) == 0.0
+    assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_keepalive") == 1.0
 
     (second,) = canary_keys(primary)  # the next canary is left intact
     wait_for(lambda: replica.exists(second) == 1, what="the second canary to reach the replica")
     time.sleep(MIN_SECONDS)
     cache.run(probe.name)
-    assert value(cache, "session_keepalive_probe_success") == 1.0
+    assert value(cache, catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name) == 1.0
 
 
 def test_keys_expiring_before_min_seconds_are_counted_and_others_are_not(
@@ -158,13 +161,13 @@ def test_keys_expiring_before_min_seconds_are_counted_and_others_are_not(
     assert probe.evicted_total == 1
     cache = ProbeCache([probe])
     cache.run(probe.name)
-    assert value(cache, "session_context_evicted_total") == 1.0
+    assert value(cache, catalog.SESSION_CONTEXT_EVICTED_TOTAL.name) == 1.0
     # The effective TTL is the shortest among recent writes: nothing shorter than 30 s is left.
-    assert value(cache, "session_context_ttl_seconds") == pytest.approx(30.0, abs=0.05)
+    assert value(cache, catalog.SESSION_CONTEXT_TTL_SECONDS.name) == pytest.approx(30.0, abs=0.05)
 
     writer.write("short-again", "ctx", ttl_seconds=5)
     cache.run(probe.name)
-    assert value(cache, "session_context_ttl_seconds") == pytest.approx(5.0, abs=0.05)
+    assert value(cache, catalog.SESSION_CONTEXT_TTL_SECONDS.name) == pytest.approx(5.0, abs=0.05)
 
 
 def test_settings_take_the_minimum_from_the_spec_unless_overridden(redis_url: str) -> None:
@@ -218,7 +221,7 @@ def test_eviction_is_counted_redis_down_fails_fast_and_everything_recovers(
     try:
         cache.run(probe.name)
         written_at = time.monotonic()
-        assert value(cache, "redline_probe_success", probe="session_keepalive") == 1.0
+        assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_keepalive") == 1.0
         (canary,) = canary_keys(consumer_source)
         wait_for(lambda: consumer_target.exists(canary) == 1, what="the canary to replicate")
 
@@ -226,16 +229,18 @@ def test_eviction_is_counted_redis_down_fails_fast_and_everything_recovers(
         started = time.monotonic()
         cache.run(probe.name)
         assert time.monotonic() - started < 1.5
-        assert value(cache, "redline_probe_success", probe="session_keepalive") == 0.0
-        assert value(cache, "session_context_evicted_total") == 0.0  # counters survive failures
-        assert value(cache, "session_context_ttl_seconds") is None
+        assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_keepalive") == 0.0
+        assert (
+            value(cache, catalog.SESSION_CONTEXT_EVICTED_TOTAL.name) == 0.0
+        )  # counters survive failures
+        assert value(cache, catalog.SESSION_CONTEXT_TTL_SECONDS.name) is None
 
         restarted = start_redis(tmp_path / "redis", port=service.port)
         time.sleep(max(0.0, written_at + MIN_SECONDS - time.monotonic()))
         cache.run(probe.name)
-        assert value(cache, "redline_probe_success", probe="session_keepalive") == 1.0
+        assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_keepalive") == 1.0
         # The first canary came back with the AOF and is old enough now: checked on both sides.
-        assert value(cache, "session_keepalive_probe_success") == 1.0
+        assert value(cache, catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name) == 1.0
 
         # The listener reconnected by itself and re-enabled `e` on the fresh server.
         client = open_redis(url)
@@ -259,7 +264,7 @@ def test_eviction_is_counted_redis_down_fails_fast_and_everything_recovers(
             client.close()
         wait_for(lambda: probe.evicted_total == 1, what="the eviction to be counted")
         cache.run(probe.name)
-        assert value(cache, "session_context_evicted_total") == 1.0
+        assert value(cache, catalog.SESSION_CONTEXT_EVICTED_TOTAL.name) == 1.0
     finally:
         probe.close()
         consumer.stop()

@@ -10,12 +10,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from redline.devstack.fakes.simulator import (
-    ServerThread,
-    SimulatorSettings,
-    build_simulator_app,
-    serve_in_thread,
-)
+from redline.core.servers import ServerThread, serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.devstack.processes import find_binary, free_port
 from redline.exporters.llm_probes import (
     EndpointProbe,
@@ -28,6 +24,7 @@ from redline.exporters.llm_probes import (
 from redline.exporters.probe import ProbeCache, Sample
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.platform.golden import GOLDEN_SET
+from redline.slo import catalog
 from redline.slo.load import load_spec
 
 pytestmark = pytest.mark.integration
@@ -68,8 +65,13 @@ def values(samples: list[Sample]) -> dict[tuple[str, tuple[tuple[str, str], ...]
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in samples}
 
 
-def endpoint_values(probe: EndpointProbe) -> dict[str, float]:
-    return {f"{s.name}:{s.labels['probe']}": s.value for s in probe.run() if s.labels["region"]}
+SUCCESS = catalog.LLM_PROBE_SUCCESS.family
+DURATION = catalog.LLM_PROBE_DURATION_SECONDS.family
+
+
+def endpoint_values(probe: EndpointProbe) -> dict[tuple[str, str], float]:
+    """Each sample's value by (family, `probe` label)."""
+    return {(s.name, s.labels["probe"]): s.value for s in probe.run() if s.labels["region"]}
 
 
 def test_endpoint_probe_reports_each_check(upstreams: dict[str, str]) -> None:
@@ -77,18 +79,18 @@ def test_endpoint_probe_reports_each_check(upstreams: dict[str, str]) -> None:
     try:
         assert probe.name == "llm_endpoint_primary"
         got = endpoint_values(probe)
-        assert got["llm_probe_success:healthz"] == 1
-        assert got["llm_probe_success:chat_dry_run"] == 1
-        assert 0 < got["llm_probe_duration_seconds:healthz"] < 1
+        assert got[SUCCESS, "healthz"] == 1
+        assert got[SUCCESS, "chat_dry_run"] == 1
+        assert 0 < got[DURATION, "healthz"] < 1
         # A region that is down reads 0; the run itself does not fail.
         httpx.post(f"{upstreams['primary']}/admin/faults", json={"outage": "unavailable"})
         got = endpoint_values(probe)
-        assert got["llm_probe_success:healthz"] == 0
-        assert got["llm_probe_success:chat_dry_run"] == 0
+        assert got[SUCCESS, "healthz"] == 0
+        assert got[SUCCESS, "chat_dry_run"] == 0
         # Errors on generation only: health is fine, the dry run is not.
         httpx.post(f"{upstreams['primary']}/admin/faults", json={"error_rate": 1.0})
         got = endpoint_values(probe)
-        assert (got["llm_probe_success:healthz"], got["llm_probe_success:chat_dry_run"]) == (1, 0)
+        assert (got[SUCCESS, "healthz"], got[SUCCESS, "chat_dry_run"]) == (1, 0)
     finally:
         probe.close()
 
@@ -99,13 +101,13 @@ def test_endpoint_probe_on_a_dead_or_hanging_region(upstreams: dict[str, str]) -
     wrong_model = EndpointProbe("primary", upstreams["primary"], model="no-such-model")
     try:
         got = endpoint_values(dead)
-        assert got["llm_probe_success:healthz"] == got["llm_probe_success:chat_dry_run"] == 0
+        assert got[SUCCESS, "healthz"] == got[SUCCESS, "chat_dry_run"] == 0
         httpx.post(f"{upstreams['secondary']}/admin/faults", json={"outage": "hang"})
         got = endpoint_values(slow)
-        assert got["llm_probe_success:healthz"] == 0
-        assert 0.2 <= got["llm_probe_duration_seconds:healthz"] < 1.0
+        assert got[SUCCESS, "healthz"] == 0
+        assert 0.2 <= got[DURATION, "healthz"] < 1.0
         got = endpoint_values(wrong_model)
-        assert (got["llm_probe_success:healthz"], got["llm_probe_success:chat_dry_run"]) == (1, 0)
+        assert (got[SUCCESS, "healthz"], got[SUCCESS, "chat_dry_run"]) == (1, 0)
     finally:
         httpx.post(f"{upstreams['secondary']}/admin/faults", json={})
         for probe in (dead, slow, wrong_model):
@@ -121,9 +123,12 @@ def test_golden_set_probe_counts_by_model_version(
         n = len(GOLDEN_SET)
         got = values(base.run())
         key = (("model", "redline-base"), ("model_version", "base"))
-        assert got == {("llm_eval_requests", key): n, ("llm_eval_correct", key): n}
+        assert got == {
+            (catalog.LLM_EVAL_REQUESTS_TOTAL.family, key): n,
+            (catalog.LLM_EVAL_CORRECT_TOTAL.family, key): n,
+        }
         got = values(base.run())  # cumulative
-        assert got[("llm_eval_requests", key)] == 2 * n
+        assert got[(catalog.LLM_EVAL_REQUESTS_TOTAL.family, key)] == 2 * n
 
         # A regressed adapter version behind the gateway: every golden answer goes wrong.
         path = tmp_path / "chat" / "v2"
@@ -135,7 +140,10 @@ def test_golden_set_probe_counts_by_model_version(
             httpx.post(f"{url}/admin/faults", json=faults).raise_for_status()
         got = values(adapter.run())
         key = (("model", "chat"), ("model_version", "v2"))
-        assert got == {("llm_eval_requests", key): 6, ("llm_eval_correct", key): 0}
+        assert got == {
+            (catalog.LLM_EVAL_REQUESTS_TOTAL.family, key): 6,
+            (catalog.LLM_EVAL_CORRECT_TOTAL.family, key): 0,
+        }
         assert [a.correct for a in adapter.last_answers] == [False] * 6
         assert all(a.model_version == "v2" for a in adapter.last_answers)
     finally:
@@ -158,15 +166,27 @@ def test_golden_set_probe_fails_when_the_gateway_does_not_answer(
         cache.run(probe.name)
         registry = CollectorRegistry()
         registry.register(cache)
-        assert registry.get_sample_value("redline_probe_success", {"probe": probe.name}) == 0
+        assert (
+            registry.get_sample_value(catalog.REDLINE_PROBE_SUCCESS.name, {"probe": probe.name})
+            == 0
+        )
         labels = {"model": "redline-base", "model_version": "base"}
-        assert registry.get_sample_value("llm_eval_requests_total", labels) == len(GOLDEN_SET)
-        assert registry.get_sample_value("llm_eval_correct_total", labels) == len(GOLDEN_SET)
+        assert registry.get_sample_value(catalog.LLM_EVAL_REQUESTS_TOTAL.name, labels) == len(
+            GOLDEN_SET
+        )
+        assert registry.get_sample_value(catalog.LLM_EVAL_CORRECT_TOTAL.name, labels) == len(
+            GOLDEN_SET
+        )
         for url in upstreams.values():
             httpx.post(f"{url}/admin/faults", json={}).raise_for_status()
         cache.run(probe.name)
-        assert registry.get_sample_value("redline_probe_success", {"probe": probe.name}) == 1
-        assert registry.get_sample_value("llm_eval_requests_total", labels) == 2 * len(GOLDEN_SET)
+        assert (
+            registry.get_sample_value(catalog.REDLINE_PROBE_SUCCESS.name, {"probe": probe.name})
+            == 1
+        )
+        assert registry.get_sample_value(catalog.LLM_EVAL_REQUESTS_TOTAL.name, labels) == 2 * len(
+            GOLDEN_SET
+        )
     finally:
         probe.close()
 
@@ -192,7 +212,7 @@ def test_probes_in_one_cache_pass_promtool(
         for region in upstreams:
             for check in ("healthz", "chat_dry_run"):
                 labels = {"region": region, "probe": check}
-                assert registry.get_sample_value("llm_probe_success", labels) == 1
+                assert registry.get_sample_value(catalog.LLM_PROBE_SUCCESS.name, labels) == 1
         text = generate_latest(registry).decode()
         result = subprocess.run(
             [find_binary("promtool"), "check", "metrics"],

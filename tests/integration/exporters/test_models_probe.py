@@ -11,11 +11,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from redline.exporters.app import ThreadedServer, build_exporter_app
+from redline.core.servers import serve_in_thread
+from redline.exporters.app import build_exporter_app
 from redline.exporters.models import ModelVersionsProbe
 from redline.exporters.probe import ProbeCache
 from redline.exporters.settings import ExporterSettings
 from redline.platform.snapshots import Baselines, SnapshotCorruptError, SnapshotRegistry
+from redline.slo import catalog
 from redline.slo.load import load_spec
 
 pytestmark = pytest.mark.integration
@@ -76,7 +78,7 @@ def test_probe_follows_activation_rollback_and_checkpoints(tmp_path: Path) -> No
     samples = _samples(probe)
     v2_snapshot = registry.get("chat", v2)
     info_key = (
-        "model_active_info",
+        catalog.MODEL_ACTIVE_INFO.name,
         (
             ("config_hash", v2_snapshot.config_sha256),
             ("model", "chat"),
@@ -86,21 +88,29 @@ def test_probe_follows_activation_rollback_and_checkpoints(tmp_path: Path) -> No
     )
     assert samples[info_key] == 1.0
     assert (
-        samples[("model_baseline_p99_seconds", (("model", "chat"), ("model_version", "v1")))] == 0.5
+        samples[
+            (catalog.MODEL_BASELINE_P99_SECONDS.name, (("model", "chat"), ("model_version", "v1")))
+        ]
+        == 0.5
     )
     assert (
-        samples[("model_baseline_accuracy_ratio", (("model", "chat"), ("model_version", "v2")))]
+        samples[
+            (
+                catalog.MODEL_BASELINE_ACCURACY_RATIO.name,
+                (("model", "chat"), ("model_version", "v2")),
+            )
+        ]
         == 0.96
     )
     assert samples[
-        ("model_checkpoint_last_success_timestamp_seconds", (("adapter", "chat-lora"),))
+        (catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS.name, (("adapter", "chat-lora"),))
     ] == (1_700_000_100.0)
 
     # The rollback playbook's path: previous verified, activate; the probe follows.
     target = registry.previous_verified("chat")
     assert target is not None and target.snapshot_id == v1
     registry.activate("chat", target.snapshot_id)
-    infos = [key for key in _samples(probe) if key[0] == "model_active_info"]
+    infos = [key for key in _samples(probe) if key[0] == catalog.MODEL_ACTIVE_INFO.name]
     assert len(infos) == 1 and ("version", "v1") in infos[0][1]
 
 
@@ -120,14 +130,16 @@ def test_probe_caps_versions_and_filters_models(tmp_path: Path) -> None:
     versions = sorted(
         dict(labels)["model_version"]
         for name, labels in samples
-        if name == "model_baseline_p99_seconds"
+        if name == catalog.MODEL_BASELINE_P99_SECONDS.name
     )
     assert versions == ["v0", "v4", "v5"]
-    models = {dict(labels)["model"] for name, labels in samples if name == "model_active_info"}
+    models = {
+        dict(labels)["model"] for name, labels in samples if name == catalog.MODEL_ACTIVE_INFO.name
+    }
     assert models == {"org/big"}
     # Every model when none is configured; an unverified active version has no baselines.
     everything = _samples(ModelVersionsProbe(registry))
-    assert {dict(k[1])["model"] for k in everything if k[0] == "model_active_info"} == {
+    assert {dict(k[1])["model"] for k in everything if k[0] == catalog.MODEL_ACTIVE_INFO.name} == {
         "org/big",
         "other",
     }
@@ -151,20 +163,25 @@ def test_corrupt_registry_fails_the_probe_in_the_exporter(tmp_path: Path) -> Non
 
     settings = ExporterSettings.model_validate({"models": {"enabled": False}})
     exporter = build_exporter_app(settings, load_spec().spec, probes=[probe])
-    with ThreadedServer(exporter.app) as server, httpx.Client(base_url=server.url) as client:
+    with (
+        serve_in_thread(exporter.app, access_log=False) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
         deadline = time.monotonic() + 5
         while True:
             text = client.get("/metrics").text
-            if probe_value(text, "redline_probe_success", "model_versions") == 0.0:
+            if probe_value(text, catalog.REDLINE_PROBE_SUCCESS.name, "model_versions") == 0.0:
                 break
             assert time.monotonic() < deadline, text
             time.sleep(0.05)
-        assert not values(text, "model_active_info")
+        assert not values(text, catalog.MODEL_ACTIVE_INFO.name)
         assert promtool_check(text).returncode == 0
         registry.activate("chat", snapshot_id)  # repairs the pointer atomically
         deadline = time.monotonic() + 5
         while (
-            probe_value(client.get("/metrics").text, "redline_probe_success", "model_versions")
+            probe_value(
+                client.get("/metrics").text, catalog.REDLINE_PROBE_SUCCESS.name, "model_versions"
+            )
             != 1.0
         ):
             assert time.monotonic() < deadline

@@ -26,6 +26,7 @@ from redline.platform.sessions import (
     server_time_ms,
     stream_id_ms,
 )
+from redline.slo import catalog
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def rpo_of(cache: ProbeCache, name: str) -> Callable[[], float | None]:
 
     def measure() -> float | None:
         cache.run(name)
-        return value(cache, "session_cdc_rpo_seconds", **TARGET)
+        return value(cache, catalog.SESSION_CDC_RPO_SECONDS.name, **TARGET)
 
     return measure
 
@@ -108,7 +109,7 @@ def test_rpo_grows_with_wall_time_while_the_consumer_stops_acking_then_drops_to_
     writer.write("a", "1")
     wait_for(lambda: consumer.stats.acked == 1, what="the first change to be ACKed")
     cache.run(probe.name)
-    assert value(cache, "session_cdc_rpo_seconds", **TARGET) == 0.0
+    assert value(cache, catalog.SESSION_CDC_RPO_SECONDS.name, **TARGET) == 0.0
 
     consumer.hold()  # returns once the loop runs in the new mode: nothing more is ACKed
     entry_id = writer.write("a", "2")
@@ -131,8 +132,8 @@ def test_rpo_grows_with_wall_time_while_the_consumer_stops_acking_then_drops_to_
     consumer.resume()
     wait_for(lambda: consumer.stats.acked == 2, what="the held change to be ACKed")
     cache.run(probe.name)
-    assert value(cache, "session_cdc_rpo_seconds", **TARGET) == 0.0
-    assert value(cache, "redline_probe_success", probe="session_rpo") == 1.0
+    assert value(cache, catalog.SESSION_CDC_RPO_SECONDS.name, **TARGET) == 0.0
+    assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_rpo") == 1.0
     probe.close()
 
 
@@ -199,7 +200,7 @@ def test_every_configured_target_is_measured_and_missing_ones_fail_the_run_clear
     )
     cache = ProbeCache([broken])
     cache.run(broken.name)
-    assert value(cache, "redline_probe_success", probe="session_rpo") == 0.0
+    assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_rpo") == 0.0
     assert "'other:cdc' does not exist" in str(cache.status()["session_rpo"]["error"])
     probe.close()
     broken.close()
@@ -218,7 +219,10 @@ def test_redis_down_fails_fast_and_the_probe_recovers_after_restart(tmp_path: Pa
         client.close()
         cache.run(probe.name)
         text, values = scrape(cache)
-        assert values[("redline_probe_success", frozenset({("probe", "session_rpo")}))] == 1.0
+        assert (
+            values[(catalog.REDLINE_PROBE_SUCCESS.name, frozenset({("probe", "session_rpo")}))]
+            == 1.0
+        )
         promtool = subprocess.run(
             [find_binary("promtool"), "check", "metrics"], input=text.encode(), capture_output=True
         )
@@ -228,8 +232,10 @@ def test_redis_down_fails_fast_and_the_probe_recovers_after_restart(tmp_path: Pa
         started = time.monotonic()
         cache.run(probe.name)
         assert time.monotonic() - started < 1.5
-        assert value(cache, "redline_probe_success", probe="session_rpo") == 0.0
-        assert value(cache, "session_cdc_rpo_seconds", **TARGET) is None  # unknown, not 0
+        assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_rpo") == 0.0
+        assert (
+            value(cache, catalog.SESSION_CDC_RPO_SECONDS.name, **TARGET) is None
+        )  # unknown, not 0
         assert "ConnectionError" in str(cache.status()["session_rpo"]["error"])
 
         restarted = start_redis(tmp_path / "redis", port=service.port)
@@ -238,7 +244,7 @@ def test_redis_down_fails_fast_and_the_probe_recovers_after_restart(tmp_path: Pa
             low, rpo, high = age_bracket(check, entry_id, rpo_of(cache, probe.name))
         finally:
             check.close()
-        assert value(cache, "redline_probe_success", probe="session_rpo") == 1.0
+        assert value(cache, catalog.REDLINE_PROBE_SUCCESS.name, probe="session_rpo") == 1.0
         assert low <= rpo <= high  # the AOF kept the stream and the group
     finally:
         probe.close()

@@ -20,13 +20,8 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from redline.devstack.fakes.simulator import (
-    ServerThread,
-    SimulatorSettings,
-    build_answer,
-    build_simulator_app,
-    serve_in_thread,
-)
+from redline.core.servers import ServerThread, serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_answer, build_simulator_app
 from redline.devstack.processes import find_binary, free_port, start_redis
 from redline.gateway.upstream import (
     UpstreamConnectError,
@@ -36,6 +31,7 @@ from redline.gateway.upstream import (
 )
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER
 from redline.platform.routing import RoutingStore
+from redline.slo import catalog
 from tests.support.gateway import RunningGateway, gateway_starter
 
 pytestmark = pytest.mark.integration
@@ -103,8 +99,8 @@ def test_proxies_and_counts_tokens_from_usage(
         prompt_sum += usage["prompt_tokens"]
         completion_sum += usage["completion_tokens"]
     labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
-    assert gw.value("llm_prompt_tokens_total", **labels) == prompt_sum
-    assert gw.value("llm_generated_tokens_total", **labels) == completion_sum
+    assert gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) == prompt_sum
+    assert gw.value(catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels) == completion_sum
     request_labels = {
         "region": "primary",
         "served_region": "primary",
@@ -113,9 +109,9 @@ def test_proxies_and_counts_tokens_from_usage(
         "model_version": "base",
         "status": "200",
     }
-    assert gw.value("llm_requests_total", **request_labels) == 4
-    assert gw.value("llm_request_duration_seconds_count", **request_labels) == 4
-    assert gw.value("llm_request_errors_total", **request_labels) == 0
+    assert gw.value(catalog.LLM_REQUESTS_TOTAL.name, **request_labels) == 4
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.count, **request_labels) == 4
+    assert gw.value(catalog.LLM_REQUEST_ERRORS_TOTAL.name, **request_labels) == 0
 
 
 def sse_events(raw: bytes) -> list[Any]:
@@ -139,8 +135,8 @@ def test_streaming_token_counters_match_usage(
     events = sse_events(gw.client.post("/v1/chat/completions", json=body).content)
     usage = events[-2]["usage"]
     assert usage == {"prompt_tokens": 4, "completion_tokens": 9, "total_tokens": 13}
-    assert gw.value("llm_prompt_tokens_total", **labels) == 4
-    assert gw.value("llm_generated_tokens_total", **labels) == 9
+    assert gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) == 4
+    assert gw.value(catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels) == 9
     # Not asked: the gateway still counts from upstream usage, and the client sees none of it.
     body = chat(prompt, max_tokens=6, stream=True)
     events = sse_events(gw.client.post("/v1/chat/completions", json=body).content)
@@ -148,9 +144,9 @@ def test_streaming_token_counters_match_usage(
     assert all(event["choices"] for event in events[:-1])
     content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1])
     assert len(content.split()) == 6
-    assert gw.value("llm_prompt_tokens_total", **labels) == 8
-    assert gw.value("llm_generated_tokens_total", **labels) == 15
-    assert gw.value("llm_time_to_first_token_seconds_count", **labels) == 2
+    assert gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) == 8
+    assert gw.value(catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels) == 15
+    assert gw.value(catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.count, **labels) == 2
 
 
 def test_counts_stream_chunks_when_the_upstream_sends_no_usage(
@@ -159,8 +155,8 @@ def test_counts_stream_chunks_when_the_upstream_sends_no_usage(
     gw = start_gateway(upstreams, inject_stream_usage=False)
     gw.client.post("/v1/chat/completions", json=chat("x", max_tokens=7, stream=True))
     labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
-    assert gw.value("llm_generated_tokens_total", **labels) == 7
-    assert gw.value("llm_prompt_tokens_total", **labels) == 0  # unknown without usage
+    assert gw.value(catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels) == 7
+    assert gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) == 0  # unknown without usage
 
 
 def test_streams_are_passed_through_not_buffered(
@@ -202,21 +198,21 @@ def test_reroute_on_5xx_records_full_latency(
     assert response.headers["x-redline-served-region"] == "secondary"
     assert response.headers["x-redline-rerouted"] == "true"
     labels = duration_labels("primary", "secondary", "true")
-    assert gw.value("llm_request_duration_seconds_count", **labels) == 1
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.count, **labels) == 1
     # The failed attempt's 0.3 s is in the recorded latency, so it is not in the 0.3 s bucket.
-    assert gw.value("llm_request_duration_seconds_sum", **labels) >= 0.3
-    assert gw.value("llm_request_duration_seconds_bucket", **labels, le="0.3") == 0
-    assert gw.value("llm_request_duration_seconds_bucket", **labels, le="0.5") == 1
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.sum, **labels) >= 0.3
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.bucket, **labels, le="0.3") == 0
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.bucket, **labels, le="0.5") == 1
     assert (
         gw.value(
-            "llm_reroutes_total",
+            catalog.LLM_REROUTES_TOTAL.name,
             from_region="primary",
             to_region="secondary",
             reason="server_error",
         )
         == 1
     )
-    assert gw.total("llm_request_errors_total") == 0
+    assert gw.total(catalog.LLM_REQUEST_ERRORS_TOTAL.name) == 0
 
 
 def test_reroute_when_the_primary_refuses_connections(
@@ -229,13 +225,14 @@ def test_reroute_when_the_primary_refuses_connections(
     assert response.headers["x-redline-served-region"] == "secondary"
     assert (
         gw.value(
-            "llm_request_duration_seconds_count", **duration_labels("primary", "secondary", "true")
+            catalog.LLM_REQUEST_DURATION_SECONDS.count,
+            **duration_labels("primary", "secondary", "true"),
         )
         == 1
     )
     assert (
         gw.value(
-            "llm_reroutes_total",
+            catalog.LLM_REROUTES_TOTAL.name,
             from_region="primary",
             to_region="secondary",
             reason="connect_error",
@@ -257,10 +254,10 @@ def test_reroute_when_the_first_byte_misses_the_budget(
         assert response.headers["x-redline-served-region"] == "secondary"
         assert 0.15 <= elapsed < 0.6
     labels = duration_labels("primary", "secondary", "true")
-    assert gw.value("llm_request_duration_seconds_count", **labels) == 2
-    assert gw.value("llm_request_duration_seconds_sum", **labels) >= 0.3
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.count, **labels) == 2
+    assert gw.value(catalog.LLM_REQUEST_DURATION_SECONDS.sum, **labels) >= 0.3
     reason = {"from_region": "primary", "to_region": "secondary", "reason": "first_byte_budget"}
-    assert gw.value("llm_reroutes_total", **reason) == 2
+    assert gw.value(catalog.LLM_REROUTES_TOTAL.name, **reason) == 2
 
 
 def test_the_last_region_is_not_cut_by_the_budget(
@@ -286,7 +283,7 @@ def test_every_region_failing(
     assert response.status_code == 503  # the last region's own answer, passed through
     assert response.json()["error"]["message"] == "injected fault"
     labels = {**duration_labels("primary", "secondary", "true"), "model_version": "unknown"}
-    assert gw.value("llm_request_errors_total", **{**labels, "status": "503"}) == 1
+    assert gw.value(catalog.LLM_REQUEST_ERRORS_TOTAL.name, **{**labels, "status": "503"}) == 1
 
     dead = {region: f"http://127.0.0.1:{free_port()}" for region in REGIONS}
     gw = start_gateway(dead)
@@ -294,7 +291,7 @@ def test_every_region_failing(
     assert response.status_code == 502
     message = response.json()["error"]["message"]
     assert "primary: connect error" in message and "secondary: connect error" in message
-    assert gw.total("llm_request_errors_total", status="502") == 1
+    assert gw.total(catalog.LLM_REQUEST_ERRORS_TOTAL.name, status="502") == 1
 
 
 def test_4xx_is_passed_through_without_reroute(
@@ -304,9 +301,9 @@ def test_4xx_is_passed_through_without_reroute(
     response = gw.client.post("/v1/chat/completions", json=chat(model="nope"))
     assert response.status_code == 404
     assert response.headers["x-redline-served-region"] == "primary"
-    assert gw.total("llm_reroutes_total") == 0
-    assert gw.total("llm_requests_total", status="404", model="nope") == 1
-    assert gw.total("llm_request_errors_total") == 0
+    assert gw.total(catalog.LLM_REROUTES_TOTAL.name) == 0
+    assert gw.total(catalog.LLM_REQUESTS_TOTAL.name, status="404", model="nope") == 1
+    assert gw.total(catalog.LLM_REQUEST_ERRORS_TOTAL.name) == 0
 
 
 def test_bad_input_is_rejected_by_the_gateway(
@@ -321,7 +318,7 @@ def test_bad_input_is_rejected_by_the_gateway(
     big = chat("word " * 400)
     response = gw.client.post("/v1/chat/completions", json=big)
     assert response.status_code == 413
-    assert gw.total("llm_requests_total", region="none") == 2
+    assert gw.total(catalog.LLM_REQUESTS_TOTAL.name, region="none") == 2
     assert gw.client.post("/v1/embeddings", json={}).status_code == 404
 
 
@@ -335,7 +332,12 @@ def test_repeatedly_failing_region_is_tried_last(
     assert gw.client.get("/healthz").json()["unhealthy"] == ["primary"]
     response = gw.client.post("/v1/chat/completions", json=chat())
     assert response.headers["x-redline-rerouted"] == "false"  # went straight to the secondary
-    assert gw.value("llm_requests_total", **duration_labels("secondary", "secondary", "false")) == 1
+    assert (
+        gw.value(
+            catalog.LLM_REQUESTS_TOTAL.name, **duration_labels("secondary", "secondary", "false")
+        )
+        == 1
+    )
     faults(upstreams["primary"])
     time.sleep(0.55)
     response = gw.client.post("/v1/chat/completions", json=chat())
@@ -368,7 +370,7 @@ def test_routing_override_moves_traffic(
         for _ in range(5):
             assert served_by(gw) == "secondary"
         labels = duration_labels("secondary", "secondary", "false")
-        assert gw.value("llm_requests_total", **labels) >= 6
+        assert gw.value(catalog.LLM_REQUESTS_TOTAL.name, **labels) >= 6
         assert gw.client.get("/healthz").json()["override"] == "secondary"
         store.clear_override()
         assert wait_for(lambda: served_by(gw) == "primary") <= 1.0
@@ -404,9 +406,9 @@ def test_redis_down_does_not_break_the_gateway(
         store.set_override("secondary", "test")
         store.close()
         wait_for(lambda: served_by(gw) == "secondary")
-        assert gw.value("llm_gateway_routing_store_up") == 1
+        assert gw.value(catalog.LLM_GATEWAY_ROUTING_STORE_UP.name) == 1
         own.kill()
-        wait_for(lambda: gw.value("llm_gateway_routing_store_up") == 0)
+        wait_for(lambda: gw.value(catalog.LLM_GATEWAY_ROUTING_STORE_UP.name) == 0)
         # Redis is gone: the configured order applies and no request fails or waits on it.
         for _ in range(20):
             started = time.perf_counter()
@@ -434,7 +436,7 @@ def test_model_version_label_follows_the_served_adapter(
         response = gw.client.post("/v1/chat/completions", json=chat(model="chat"))
         assert response.headers[MODEL_VERSION_HEADER] == "v3"
         labels = {**duration_labels("primary", "primary", "false"), "model": "chat"}
-        assert gw.value("llm_requests_total", **{**labels, "model_version": "v3"}) == 1
+        assert gw.value(catalog.LLM_REQUESTS_TOTAL.name, **{**labels, "model_version": "v3"}) == 1
     finally:
         httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "chat"})
 
@@ -449,7 +451,7 @@ def test_model_label_is_bounded(
         sample.labels["model"]
         for family in gw.registry.collect()
         for sample in family.samples
-        if sample.name == "llm_requests_total"
+        if sample.name == catalog.LLM_REQUESTS_TOTAL.name
     }
     assert models == {"a", "b", "other"}
 
@@ -463,8 +465,8 @@ def test_client_that_walks_away_is_recorded_as_499(
         "POST", "/v1/chat/completions", json=chat(max_tokens=40, stream=True)
     ) as response:
         next(response.iter_raw())
-    wait_for(lambda: gw.total("llm_requests_total", status="499") == 1)
-    assert gw.total("llm_request_errors_total") == 0
+    wait_for(lambda: gw.total(catalog.LLM_REQUESTS_TOTAL.name, status="499") == 1)
+    assert gw.total(catalog.LLM_REQUEST_ERRORS_TOTAL.name) == 0
 
 
 def test_promtool_accepts_the_exposition(
@@ -480,13 +482,13 @@ def test_promtool_accepts_the_exposition(
     assert response.status_code == 200
     text = response.text
     for name in (
-        "llm_request_duration_seconds_bucket",
-        "llm_requests_total",
-        "llm_request_errors_total",
-        "llm_reroutes_total",
-        "llm_generated_tokens_total",
-        "llm_prompt_tokens_total",
-        "llm_time_to_first_token_seconds_bucket",
+        catalog.LLM_REQUEST_DURATION_SECONDS.bucket,
+        catalog.LLM_REQUESTS_TOTAL.name,
+        catalog.LLM_REQUEST_ERRORS_TOTAL.name,
+        catalog.LLM_REROUTES_TOTAL.name,
+        catalog.LLM_GENERATED_TOKENS_TOTAL.name,
+        catalog.LLM_PROMPT_TOKENS_TOTAL.name,
+        catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.bucket,
     ):
         assert f"\n{name}{{" in text, name
     assert 'le="0.8"' in text
@@ -506,7 +508,7 @@ def test_created_series_can_be_turned_on(
 ) -> None:
     gw = start_gateway(upstreams, created_series=True)
     gw.client.post("/v1/chat/completions", json=chat())
-    assert "llm_requests_created{" in gw.client.get("/metrics").text
+    assert f"{catalog.LLM_REQUESTS_TOTAL.family}_created{{" in gw.client.get("/metrics").text
 
 
 def test_models_are_proxied(
@@ -516,7 +518,7 @@ def test_models_are_proxied(
     response = gw.client.get("/v1/models")
     assert response.status_code == 200
     assert response.json()["data"][0]["id"] == BASE
-    assert gw.total("llm_requests_total") == 0  # not an inference request
+    assert gw.total(catalog.LLM_REQUESTS_TOTAL.name) == 0  # not an inference request
 
 
 # --- the gateway's upstream HTTP/1.1 client, against a scripted raw-socket server -------------
@@ -778,10 +780,13 @@ def test_a_stream_cut_by_the_upstream_is_a_502_error(
         "model_version": "v9",
         "status": "502",
     }
-    wait_for(lambda: gw.value("llm_request_errors_total", **labels) == 1)
+    wait_for(lambda: gw.value(catalog.LLM_REQUEST_ERRORS_TOTAL.name, **labels) == 1)
     assert (
         gw.value(
-            "llm_generated_tokens_total", served_region="primary", model=BASE, model_version="v9"
+            catalog.LLM_GENERATED_TOKENS_TOTAL.name,
+            served_region="primary",
+            model=BASE,
+            model_version="v9",
         )
         == 1
     )
@@ -826,9 +831,9 @@ def test_stream_token_counting_is_not_fooled_by_content_text(
     response = gw.client.post("/v1/chat/completions", json=chat(stream=True))
     assert response.content == body  # passed through byte for byte
     labels = {"served_region": "primary", "model": BASE, "model_version": "unknown"}
-    assert gw.value("llm_generated_tokens_total", **labels) == 2
-    assert gw.value("llm_prompt_tokens_total", **labels) == 0
-    assert gw.value("llm_time_to_first_token_seconds_count", **labels) == 1
+    assert gw.value(catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels) == 2
+    assert gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) == 0
+    assert gw.value(catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.count, **labels) == 1
 
 
 def test_budget_can_spare_non_streaming_requests(
@@ -953,11 +958,11 @@ def test_concurrent_requests_share_the_pool_correctly(
     results = asyncio.run(run())
     assert all(text == expected for text, expected, _ in results)  # nothing cross-wired
     labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
-    counted = gw.value("llm_prompt_tokens_total", **labels) + gw.value(
-        "llm_generated_tokens_total", **labels
+    counted = gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) + gw.value(
+        catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels
     )
     assert counted == sum(tokens for _, _, tokens in results)
-    assert gw.total("llm_requests_total", status="200") == 60
+    assert gw.total(catalog.LLM_REQUESTS_TOTAL.name, status="200") == 60
 
 
 def test_upstream_pool_coalesces_chunks_that_arrived_together(

@@ -18,16 +18,12 @@ import httpx
 import pytest
 import redis
 
-from redline.devstack.fakes.simulator import (
-    ServerThread,
-    SimulatorSettings,
-    build_answer,
-    build_simulator_app,
-    serve_in_thread,
-)
+from redline.core.servers import ServerThread, serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_answer, build_simulator_app
 from redline.devstack.processes import free_port
 from redline.gateway import GatewaySettings
 from redline.platform.spot import RESUME_HEADER, RequestLedger, parse_spot_error
+from redline.slo import catalog
 from tests.support.gateway import RunningGateway, gateway_starter
 
 pytestmark = pytest.mark.integration
@@ -181,12 +177,19 @@ def test_abort_ends_the_stream_with_the_event_and_the_retry_resumes_after_the_pr
     assert again.status_code == 409 and "complete" in again.json()["error"]["message"]
     unknown = gw.client.post("/v1/chat/completions", json=payload, headers={RESUME_HEADER: "nope"})
     assert unknown.status_code == 404
-    assert gw.value("llm_spot_inflight_aborted_ratio", node="spot-a") == 1.0
-    assert gw.value("llm_spot_triaged_requests_total", node="spot-a", decision="abort") == 1
-    assert gw.value("llm_spot_interrupted_requests_total", node="spot-a", recoverable="true") == 1
-    assert gw.value("llm_spot_retries_total", outcome="resumed") == 1
-    assert gw.value("llm_spot_retries_total", outcome="refused") == 1
-    assert gw.value("llm_spot_wasted_decode_tokens_total", node="spot-a",
+    assert gw.value(catalog.LLM_SPOT_INFLIGHT_ABORTED_RATIO.name, node="spot-a") == 1.0
+    assert (
+        gw.value(catalog.LLM_SPOT_TRIAGED_REQUESTS_TOTAL.name, node="spot-a", decision="abort") == 1
+    )
+    assert (
+        gw.value(
+            catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL.name, node="spot-a", recoverable="true"
+        )
+        == 1
+    )
+    assert gw.value(catalog.LLM_SPOT_RETRIES_TOTAL.name, outcome="resumed") == 1
+    assert gw.value(catalog.LLM_SPOT_RETRIES_TOTAL.name, outcome="refused") == 1
+    assert gw.value(catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL.name, node="spot-a",
                     reason="not_recoverable") == 0  # fmt: skip
 
 
@@ -236,10 +239,15 @@ def test_budget_spent_aborts_what_still_runs_and_a_non_streamed_request_is_retri
     assert response.headers["x-redline-served-region"] == "ondemand"
     assert response.headers["x-redline-attempt"] == "2"
     assert response.json()["choices"][0]["message"]["content"] == expected(prompt, 30)
-    wasted = gw.value("llm_spot_wasted_decode_tokens_total", node="spot-a",
+    wasted = gw.value(catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL.name, node="spot-a",
                       reason="aborted_unserved")  # fmt: skip
     assert wasted > 0  # decoded on spot-a for ~0.8 s, never served
-    assert gw.value("llm_spot_interrupted_requests_total", node="spot-a", recoverable="true") == 1
+    assert (
+        gw.value(
+            catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL.name, node="spot-a", recoverable="true"
+        )
+        == 1
+    )
 
 
 def test_a_request_that_is_not_retry_safe_never_runs_twice(
@@ -274,8 +282,13 @@ def test_a_request_that_is_not_retry_safe_never_runs_twice(
     assert stream(gw.client, tools, {"x-request-id": tool_id}).status == 200
     second = gw.client.post("/v1/chat/completions", json=tools, headers={"x-request-id": tool_id})
     assert second.status_code == 409  # tools make it not retry-safe by default
-    assert gw.value("llm_spot_interrupted_requests_total", node="spot-a", recoverable="false") == 1
-    assert gw.value("llm_spot_wasted_decode_tokens_total", node="spot-a",
+    assert (
+        gw.value(
+            catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL.name, node="spot-a", recoverable="false"
+        )
+        == 1
+    )
+    assert gw.value(catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL.name, node="spot-a",
                     reason="not_recoverable") == len(first.text.split())  # fmt: skip
 
 
@@ -298,8 +311,8 @@ def test_another_model_revision_regenerates_instead_of_resuming(
     assert second.headers["x-redline-model-version"] == "v2"
     assert second.headers["x-redline-resumed"] == "false"  # the client drops its prefix
     assert second.text == expected(prompt, 150)
-    assert gw.value("llm_spot_retries_total", outcome="regenerated") == 1
-    assert gw.value("llm_spot_wasted_decode_tokens_total", node="spot-a",
+    assert gw.value(catalog.LLM_SPOT_RETRIES_TOTAL.name, outcome="regenerated") == 1
+    assert gw.value(catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL.name, node="spot-a",
                     reason="regenerated") == info.served_prefix_tokens  # fmt: skip
 
 

@@ -1,0 +1,113 @@
+"""Settings of `redline gateway`: upstreams, reroute budgets, routing store, ledger and spot."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from redline.core.settings import ServiceSettings
+from redline.platform.routing import DEFAULT_PREFIX
+from redline.platform.spot import DEFAULT_LEDGER_PREFIX
+
+DEFAULT_GATEWAY_PORT = 8080
+_REGION = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+class GatewayConfigError(Exception):
+    """The gateway cannot start with these settings (e.g. no upstreams)."""
+
+
+class GatewaySettings(ServiceSettings):
+    """Settings of `redline gateway`."""
+
+    upstreams: dict[str, str] = Field(
+        default_factory=dict,
+        description="Regional upstreams in failover order: region -> base URL (first = primary).",
+    )
+    first_byte_budget_seconds: float | None = Field(
+        1.0,
+        gt=0,
+        description="Reroute when the first response byte takes longer (None: never).",
+    )
+    connect_timeout_seconds: float = Field(0.5, gt=0, description="TCP connect timeout.")
+    request_timeout_seconds: float = Field(
+        60.0, gt=0, description="Longest wait for any read from an upstream."
+    )
+    routing_refresh_seconds: float = Field(
+        0.5, gt=0, le=1, description="How often the routing state is read from Redis."
+    )
+    routing_key_prefix: str = Field(DEFAULT_PREFIX, description="Key prefix of the routing store.")
+    redis_timeout_seconds: float = Field(0.25, gt=0, description="Redis socket timeouts.")
+    unhealthy_after_failures: int = Field(
+        3, ge=0, description="Consecutive failures that mark a region unhealthy (0: never)."
+    )
+    unhealthy_cooldown_seconds: float = Field(
+        5.0, gt=0, description="How long an unhealthy region is tried last."
+    )
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest request body accepted.")
+    max_model_labels: int = Field(32, ge=1, description="Distinct `model` label values kept.")
+    inject_stream_usage: bool = Field(
+        True, description="Ask upstreams for usage in streams, and strip it if not asked for."
+    )
+    max_connections: int = Field(
+        512, ge=1, description="Idle keep-alive connections kept per upstream."
+    )
+    first_byte_budget_streaming_only: bool = Field(
+        False, description="Apply the first-byte budget to streamed requests only."
+    )
+    created_series: bool = Field(False, description="Expose the `_created` series.")
+    admin_token_file: Path | None = Field(
+        None, description="File with the bearer token /admin/spot requires (unset: no token)."
+    )
+    ledger_key_prefix: str = Field(
+        DEFAULT_LEDGER_PREFIX, min_length=1, description="Key prefix of the request ledger."
+    )
+    ledger_ttl_seconds: float = Field(
+        3600.0, gt=0, description="How long an interrupted request can be resumed."
+    )
+    spot_default_tpot_seconds: float = Field(
+        0.05, gt=0, description="Time per output token assumed until a node's is measured."
+    )
+    spot_unknown_remaining_tokens: int = Field(
+        512, ge=1, description="Tokens assumed left for a request without max_tokens."
+    )
+    spot_retry_after_ms: int = Field(
+        0, ge=0, description="Retry hint of the SPOT_PREEMPTION error event."
+    )
+    balance: Literal["failover", "round_robin"] = Field(
+        "failover",
+        description="failover: the configured order; round_robin: spread requests over the "
+        "open upstreams (replicas of one pool), in turn.",
+    )
+    spill_regions: list[str] = Field(
+        default_factory=list,
+        description="Upstreams used only when every other one is closed, unhealthy or failed "
+        "(an on-demand pool behind spot replicas).",
+    )
+
+    @field_validator("upstreams")
+    @classmethod
+    def _check_upstreams(cls, value: dict[str, str]) -> dict[str, str]:
+        for region, url in value.items():
+            if not _REGION.match(region):
+                raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
+            try:
+                parsed = urlsplit(url)
+                valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+                valid = valid and (parsed.port or 1) > 0
+            except ValueError:
+                valid = False
+            if not valid:
+                raise ValueError(f"upstream {region}: {url!r} is not an http(s) URL")
+        return value
+
+    @model_validator(mode="after")
+    def _check_spill(self) -> GatewaySettings:
+        unknown = [r for r in self.spill_regions if r not in self.upstreams]
+        if unknown:
+            raise ValueError(f"spill_regions {unknown} are not among the upstreams")
+        return self
