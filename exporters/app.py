@@ -7,7 +7,7 @@ its timeout reports `redline_probe_success 0`, and a probe that raises does the 
 process stays up. Daemon threads let the process exit on SIGTERM even while a probe hangs.
 
 No `_created` series are exposed unless `created_series`: building the app sets
-prometheus-client's process-wide switch for them (`apply_created_series`).
+prometheus-client's process-wide switch for them (`redline.core.created`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from apscheduler.executors.base import BaseExecutor, run_job
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, disable_created_metrics, enable_created_metrics
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from redline.core.created import apply_created_series
 from redline.core.settings import SettingsError, read_secret
 from redline.exporters.drift import (
     DriftProbe,
@@ -128,20 +129,6 @@ def build_registry(
     for collector in extra_collectors:
         registry.register(collector)
     return registry
-
-
-def apply_created_series(on: bool) -> None:
-    """Turn prometheus-client's `_created` series on or off, for the whole process.
-
-    The library reads this switch at every scrape, for every registry, so it cannot differ
-    between two exporters of one process: the last one built decides. The probe cache's families
-    never carry `_created`; the switch matters for extra collectors' counters and histograms.
-    """
-    # prometheus-client leaves these two untyped.
-    if on:
-        enable_created_metrics()  # type: ignore[no-untyped-call]
-    else:
-        disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def build_metrics_router(
@@ -369,5 +356,4 @@ __all__ = [
     "build_probes",
     "build_registry",
     "build_scheduler",
-    "apply_created_series",
 ]

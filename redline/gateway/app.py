@@ -29,12 +29,11 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
-    disable_created_metrics,
-    enable_created_metrics,
     generate_latest,
 )
 from pydantic import BaseModel, ValidationError
 
+from redline.core.created import apply_created_series
 from redline.core.settings import SettingsError, read_secret
 from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.proxy import Gateway, openai_error
@@ -79,11 +78,7 @@ def build_gateway_app(
             ", ".join(unknown),
             ", ".join(spec.regions),
         )
-    # prometheus-client leaves these two untyped.
-    if settings.created_series:
-        enable_created_metrics()  # type: ignore[no-untyped-call]
-    else:
-        disable_created_metrics()  # type: ignore[no-untyped-call]
+    apply_created_series(settings.created_series)
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = GatewayMetrics(
         registry,
