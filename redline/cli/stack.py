@@ -21,9 +21,19 @@ from rich.table import Table
 
 from redline.cli.common import RegionsOpt
 from redline.core.settings import SettingsError, load_settings
-from redline.devstack.config import ADAPTER_VERSIONS
-from redline.devstack.drills import DRILL_ORDER, DrillError, DrillResult, resolve_names, run_drills
+from redline.devstack.drills.base import DrillError, DrillResult
+from redline.devstack.drills.registry import DRILL_ORDER, resolve_names
+from redline.devstack.drills.run import run_drills
+from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER
+from redline.devstack.errors import (
+    BinaryMissingError,
+    PortInUseError,
+    StackError,
+    StackRunningError,
+)
 from redline.devstack.health import check_stack
+from redline.devstack.interrupts import InterruptGuard, interrupt_on_signals
+from redline.devstack.layout import ADAPTER_VERSIONS
 from redline.devstack.loadgen import LoadGenerator, LoadgenSettings, write_reference
 from redline.devstack.models import (
     BaselineError,
@@ -32,24 +42,10 @@ from redline.devstack.models import (
     record_baselines,
     write_adapters,
 )
-from redline.devstack.report import TABLE_WIDTH, DrillBoard, build_table, render_json, write_json
-from redline.devstack.runtime import (
-    BinaryMissingError,
-    InterruptGuard,
-    PortInUseError,
-    Say,
-    StackError,
-    StackRunningError,
-    StackState,
-    UpOptions,
-    describe_urls,
-    interrupt_on_signals,
-    load_running,
-    part_alive,
-    start_stack,
-    state_json,
-    stop_stack,
-)
+from redline.devstack.parts import Say, part_alive
+from redline.devstack.report import TABLE_WIDTH, DrillBoard, build_report, render_json, write_json
+from redline.devstack.runtime import UpOptions, start_stack, stop_stack
+from redline.devstack.state import StackState, describe_urls, load_running, state_json
 
 out = Console(soft_wrap=True, highlight=False)
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -250,7 +246,10 @@ def register(app: typer.Typer) -> None:
     app.command("loadgen", hidden=True)(loadgen)
 
 
-DRILL_HELP = "Drill name(s): all, " + ", ".join(DRILL_ORDER)
+DRILL_HELP = (
+    f"Drill name(s): all ({', '.join(DRILL_ORDER)}), each of those, or a spot drill: "
+    f"{', '.join(SPOT_DRILL_ORDER)}."
+)
 
 
 def run_drills_live(
@@ -278,7 +277,7 @@ def run_drills_live(
     if as_json:
         typer.echo(text)
     else:
-        out.print(build_table(results), width=None if out.is_terminal else TABLE_WIDTH)
+        out.print(build_report(results, out.width))
     stamp = time.strftime("%Y%m%dT%H%M%S")
     write_json(state.layout().drills_dir / f"drills-{stamp}.json", text)
     if artifact is not None:

@@ -1,11 +1,11 @@
-"""Pure builders of the local stack: its parts, run-directory layout, URLs and settings files.
+"""Pure builders of the local stack's configuration: every settings file, every Prometheus config.
 
 Everything here is a function of the spec (with its `local` profile applied), the ports and the
-run directory, so `redline up` is reproducible and the unit tests can validate every settings
-file against the settings class of the part that reads it. Thresholds and intervals come from the
-spec; what is chosen here is only what the spec does not say (the demo model, the healthy
-latency of each simulated region, probe intervals short enough for the profile's staleness
-guard).
+run directory (`redline.devstack.layout`), so `redline up` is reproducible and the unit tests can
+validate every settings file against the settings class of the part that reads it. Thresholds and
+intervals come from the spec; what is chosen here is only what the spec does not say (the demo
+model, the healthy latency of each simulated region, probe intervals short enough for the
+profile's staleness guard).
 """
 
 from __future__ import annotations
@@ -18,294 +18,25 @@ from typing import Any
 
 import yaml
 
-from redline.devstack.multiregion import (
-    GLOBAL_PART,
-    build_multiregion_configs,
-    regional_part,
+from redline.devstack.layout import (
+    ADAPTER,
+    ADAPTER_VERSIONS,
+    BASE_MODEL,
+    COLLECTION,
+    CONTROL_PLANE_JOBS,
+    EMBEDDINGS_FIELD,
+    EMBEDDINGS_STREAM,
+    INDEX_DIM,
+    PRIMARY_INDEX,
+    REPLICA_INDEX,
+    Endpoints,
+    StackLayout,
+    simulator_part,
 )
-from redline.generate.outputs import ALERTMANAGER_FILE, RULE_FILE
-from redline.platform.golden import EMBEDDING_DIMS
+from redline.devstack.multiregion import GLOBAL_PART, build_multiregion_configs, regional_part
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
 from redline.rules.model import format_duration
 from redline.slo.spec import Receiver, Spec
-
-HOST = "127.0.0.1"
-ADAPTER = "chat-lora"
-"""The LoRA adapter the demo serves; its versions are the snapshots the rollback drills use."""
-BASE_MODEL = "redline-base"
-ADAPTER_VERSIONS = ("v1", "v2", "v3")
-"""v1 serves; v2 is the regression drill's release, v3 the negative drill's."""
-COLLECTION = "documents"
-INDEX_DIM = 128
-EMBEDDINGS_STREAM = "redline:prompt-embeddings"
-EMBEDDINGS_FIELD = "vector"
-DRIFT_DIM = EMBEDDING_DIMS
-PRIMARY_INDEX = "primary"
-REPLICA_INDEX = "replica"
-STATE_FILE = "state.json"
-MARKER_FILE = ".redline-run"
-
-SERVICE_PARTS = ("redis", "milvus-primary", "milvus-replica", "prometheus", "alertmanager")
-"""Parts that are external binaries, started by `redline.devstack.processes`."""
-TAIL_PARTS = (
-    "gateway",
-    "remediation",
-    "remediation-worker",
-    "replicator",
-    "session-replica",
-    "session-writer",
-    "index-writer",
-    "exporters",
-    "loadgen",
-)
-HTTP_PARTS = frozenset({"gateway", "remediation", "exporters"})
-CONTROL_PLANE_JOBS = ("remediation", "alertmanager")
-"""With one Prometheus per region, these scrape jobs belong to the last region's Prometheus (the
-control plane runs there); the serving path (gateway, exporters) stays in the first region."""
-
-
-class StackConfigError(Exception):
-    """The stack cannot be configured as asked (e.g. a spec with one region, a bad port)."""
-
-
-def simulator_part(region: str) -> str:
-    """The part name of a region's upstream simulator."""
-    return f"simulator-{region}"
-
-
-def build_service_parts(prometheus_regions: Sequence[str] = ()) -> tuple[str, ...]:
-    """The service binaries: a Prometheus per region (if asked for) before the global one."""
-    regional = tuple(regional_part(r) for r in prometheus_regions)
-    at = SERVICE_PARTS.index(GLOBAL_PART)
-    return (*SERVICE_PARTS[:at], *regional, *SERVICE_PARTS[at:])
-
-
-def build_part_names(
-    regions: Sequence[str], prometheus_regions: Sequence[str] = ()
-) -> tuple[str, ...]:
-    """Every part in start order (stop order is the reverse)."""
-    services = build_service_parts(prometheus_regions)
-    return (*services, *(simulator_part(r) for r in regions), *TAIL_PARTS)
-
-
-def build_ported_parts(
-    regions: Sequence[str], prometheus_regions: Sequence[str] = ()
-) -> tuple[str, ...]:
-    """The parts that listen on a TCP port."""
-    services = build_service_parts(prometheus_regions)
-    return (*services, *(simulator_part(r) for r in regions), *sorted(HTTP_PARTS))
-
-
-@dataclass(frozen=True)
-class StackLayout:
-    """Where everything of one run lives under its run directory."""
-
-    root: Path
-
-    @property
-    def state_file(self) -> Path:
-        """The state file `redline down` and `status` read (pids, ports, URLs)."""
-        return self.root / STATE_FILE
-
-    @property
-    def marker(self) -> Path:
-        """A file marking the directory as a redline run directory (safe to clean)."""
-        return self.root / MARKER_FILE
-
-    @property
-    def config_dir(self) -> Path:
-        """Generated configuration and settings files."""
-        return self.root / "config"
-
-    @property
-    def logs_dir(self) -> Path:
-        """One log per part."""
-        return self.root / "logs"
-
-    @property
-    def data_dir(self) -> Path:
-        """Data of the services (TSDB, AOF, Milvus) and of the drills."""
-        return self.root / "data"
-
-    @property
-    def rules_dir(self) -> Path:
-        """The rule file and alertmanager.yml generated from the spec."""
-        return self.config_dir / "rules"
-
-    @property
-    def rule_file(self) -> Path:
-        """The Prometheus rule file."""
-        return self.rules_dir / RULE_FILE
-
-    @property
-    def alertmanager_file(self) -> Path:
-        """Alertmanager's configuration."""
-        return self.rules_dir / ALERTMANAGER_FILE
-
-    def prometheus_config(self, part: str) -> Path:
-        """The configuration of one Prometheus part (`prometheus`, `prometheus-<region>`)."""
-        return self.config_dir / f"{part}.yml"
-
-    @property
-    def dashboards_dir(self) -> Path:
-        """Grafana dashboards generated from the stack's spec (local profile)."""
-        return self.config_dir / "dashboards"
-
-    @property
-    def token_file(self) -> Path:
-        """The webhook bearer token shared by Alertmanager and the receiver."""
-        return self.config_dir / "webhook-token"
-
-    @property
-    def snapshots_dir(self) -> Path:
-        """Root of the snapshot registry."""
-        return self.data_dir / "snapshots"
-
-    @property
-    def adapters_dir(self) -> Path:
-        """Adapter files of the demo model, one directory per version."""
-        return self.data_dir / "adapters"
-
-    @property
-    def audit_file(self) -> Path:
-        """JSONL mirror of the remediation audit trail."""
-        return self.data_dir / "audit.jsonl"
-
-    @property
-    def drift_reference(self) -> Path:
-        """Reference embeddings of the prompt distribution (.npy)."""
-        return self.data_dir / "drift-reference.npy"
-
-    @property
-    def loadgen_stats(self) -> Path:
-        """Counters the load generator rewrites every second."""
-        return self.data_dir / "loadgen-stats.json"
-
-    @property
-    def drills_dir(self) -> Path:
-        """One JSON result per drill run."""
-        return self.root / "drills"
-
-    def adapter_dir(self, version: str) -> Path:
-        """The files of one adapter version."""
-        return self.adapters_dir / ADAPTER / version
-
-    def settings_file(self, part: str) -> Path:
-        """The settings YAML a part is started with."""
-        return self.config_dir / f"{part}.yaml"
-
-    def log_file(self, part: str) -> Path:
-        """The log of a part started by the stack."""
-        return self.logs_dir / f"{part}.log"
-
-    def service_dir(self, part: str) -> Path:
-        """The working directory of a service binary (its data and log)."""
-        return self.data_dir / part
-
-
-@dataclass(frozen=True)
-class Endpoints:
-    """The URLs of every part, from the ports chosen for this run."""
-
-    host: str
-    ports: Mapping[str, int]
-    regions: tuple[str, ...]
-    prometheus_regions: tuple[str, ...] = ()
-    """Regions with their own Prometheus (federated by the global one); empty: one Prometheus."""
-
-    def _url(self, part: str) -> str:
-        return f"http://{self.host}:{self.ports[part]}"
-
-    @property
-    def redis_url(self) -> str:
-        """Redis of the job store, routing, delta log, sessions (db 0)."""
-        return f"redis://{self.host}:{self.ports['redis']}/0"
-
-    @property
-    def session_replica_url(self) -> str:
-        """The session replica store (db 1 of the same server)."""
-        return f"redis://{self.host}:{self.ports['redis']}/1"
-
-    @property
-    def prometheus_url(self) -> str:
-        """Prometheus (the global one when each region has its own): rules, alerts, queries."""
-        return self._url(GLOBAL_PART)
-
-    @property
-    def federated(self) -> bool:
-        """True when the global Prometheus federates one Prometheus per region."""
-        return bool(self.prometheus_regions)
-
-    def regional_prometheus_url(self, region: str) -> str:
-        """The Prometheus of one region."""
-        return self._url(regional_part(region))
-
-    @property
-    def alertmanager_url(self) -> str:
-        """Alertmanager."""
-        return self._url("alertmanager")
-
-    @property
-    def receiver_url(self) -> str:
-        """The remediation receiver (base URL)."""
-        return self._url("remediation")
-
-    @property
-    def gateway_url(self) -> str:
-        """The gateway (OpenAI-compatible)."""
-        return self._url("gateway")
-
-    @property
-    def exporters_url(self) -> str:
-        """The exporter process."""
-        return self._url("exporters")
-
-    @property
-    def milvus_primary_uri(self) -> str:
-        """Milvus Lite of the primary index."""
-        return self._url("milvus-primary")
-
-    @property
-    def milvus_replica_uri(self) -> str:
-        """Milvus Lite of the replica index."""
-        return self._url("milvus-replica")
-
-    def simulator_url(self, region: str) -> str:
-        """The upstream simulator of a region."""
-        return self._url(simulator_part(region))
-
-    @property
-    def upstreams(self) -> dict[str, str]:
-        """Region -> simulator URL, in failover order."""
-        return {region: self.simulator_url(region) for region in self.regions}
-
-
-def build_endpoints(
-    ports: Mapping[str, int],
-    regions: Sequence[str],
-    host: str = HOST,
-    prometheus_regions: Sequence[str] = (),
-) -> Endpoints:
-    """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
-    parts = build_ported_parts(regions, prometheus_regions)
-    missing = [part for part in parts if part not in ports]
-    if missing:
-        raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
-    for part, port in ports.items():
-        if not 0 < port < 65536:
-            raise StackConfigError(f"port of {part} must be 1..65535, got {port}")
-    if len(set(ports.values())) != len(ports):
-        raise StackConfigError("two parts were given the same port")
-    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions))
-
-
-def check_regions(spec: Spec) -> None:
-    """The drills need a primary and a secondary region to reroute between."""
-    if len(spec.regions) < 2:
-        raise StackConfigError(
-            f"the local stack needs at least two regions to reroute between; the spec has "
-            f"{', '.join(spec.regions)} (add one to `regions`)"
-        )
 
 
 def build_stack_spec(spec: Spec, endpoints: Endpoints, token_file: Path) -> Spec:

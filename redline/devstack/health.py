@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import httpx
 import redis
 
-from redline.devstack.config import COLLECTION, INDEX_DIM, REPLICA_INDEX, StackLayout
+from redline.devstack.layout import COLLECTION, INDEX_DIM, REPLICA_INDEX, StackLayout
 from redline.devstack.loadgen import summarize_stats
-from redline.devstack.runtime import PartState, StackState, part_alive
+from redline.devstack.parts import part_alive
+from redline.devstack.state import PartState, StackState
 from redline.platform.index import DeltaLog, parse_stream_id
+from redline.platform.prometheus import PrometheusClient, PrometheusError
 from redline.platform.sessions import (
     DEFAULT_GROUP,
     DEFAULT_STREAM,
@@ -29,6 +31,8 @@ from redline.platform.sessions import (
 )
 
 FRESH_SECONDS = 5.0
+CHECK_ERRORS = (httpx.HTTPError, PrometheusError, redis.RedisError, OSError, KeyError, ValueError)
+"""A part whose check fails with one of these is unhealthy (and the error is what was seen)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,8 @@ class _Checker:
             with socket.create_connection((self.state.host, part.port or 0), timeout=1.0):
                 return True, f"gRPC port {part.port} open"
         if name.startswith("prometheus"):
-            targets = self.get(f"{url}/api/v1/targets?state=active").json()["data"]
-            active = targets["activeTargets"]
+            with PrometheusClient(url, timeout=2.0, retries=0, trust_env=False) as prometheus:
+                active = prometheus.get("/api/v1/targets", {"state": "active"})["activeTargets"]
             up = sum(1 for t in active if t.get("health") == "up")
             return up == len(active), f"{up}/{len(active)} scrape targets up"
         if name == "alertmanager":
@@ -143,7 +147,7 @@ def check_stack(state: StackState) -> list[PartHealth]:
                     continue
                 try:
                     healthy, detail = checker.check(part)
-                except (httpx.HTTPError, redis.RedisError, OSError, KeyError, ValueError) as exc:
+                except CHECK_ERRORS as exc:
                     healthy, detail = False, f"{type(exc).__name__}: {exc}"
                 results.append(PartHealth(part.name, part.pid, True, healthy, detail))
         finally:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from redline.devstack.config import ADAPTER, ADAPTER_VERSIONS, BASE_MODEL, StackLayout
+from redline.devstack.layout import ADAPTER, ADAPTER_VERSIONS, BASE_MODEL, StackLayout
 from redline.platform.golden import GOLDEN_SET, accuracy, fetch_golden_answers
 from redline.platform.snapshots import Baselines, Snapshot, SnapshotRegistry
 

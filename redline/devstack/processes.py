@@ -1,18 +1,26 @@
-"""Start and stop the real services redline runs beside: redis-server, Prometheus, Alertmanager,
-Milvus Lite. Each runs on loopback, on a free port, in a directory of its own."""
+"""Start and stop processes: the one spawner of the devstack, and the real services redline runs
+beside (redis-server, Prometheus, Alertmanager, Milvus Lite) on loopback, on free ports.
+
+Every process (a service, a part of the local stack, a node of the spot drills' fleet) is started
+by `spawn`: detached in a session of its own, stdin from /dev/null, stdout and stderr appended to
+its log file, so nothing it prints (a gRPC library's logging included) reaches the terminal. A
+`Process` remembers the kernel's start time of its pid, so a pid reused by another program is
+never signalled.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 
@@ -24,6 +32,8 @@ APT_PACKAGES = {
     "alertmanager": "prometheus-alertmanager",
     "amtool": "prometheus-alertmanager",
 }
+INTERRUPTS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+StopOutcome = Literal["stopped", "killed", "not running"]
 
 
 class ServiceError(Exception):
@@ -51,12 +61,189 @@ def find_binary(*names: str) -> str:
     )
 
 
+# ---- processes ---------------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields start after the last ')'.
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot); None if gone or a zombie."""
+    fields = _stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
+
+
+def session_leader(pid: int) -> bool:
+    """True when `pid` leads its own session, as every process `spawn` starts does."""
+    fields = _stat_fields(pid)
+    return fields is not None and len(fields) > 3 and fields[3] == str(pid)
+
+
+def reap(pid: int) -> int | None:
+    """Collect the exit status of our own exited child so it does not linger as a zombie;
+    its exit code (negative: killed by that signal), or None if it runs or is not our child."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return os.waitstatus_to_exitcode(status)
+    return None
+
+
+@dataclass
+class Process:
+    """A started process: its pid and the kernel's start time of that pid."""
+
+    pid: int
+    start_ticks: int | None
+    argv: tuple[str, ...] = ()
+    log_path: Path | None = None
+    returncode: int | None = None
+    """The exit code once this process (our child) has been reaped."""
+
+    def poll(self) -> int | None:
+        """Reap the process if it is our child and has exited; its exit code, else None."""
+        if self.returncode is None:
+            self.returncode = reap(self.pid)
+        return self.returncode
+
+    def alive(self) -> bool:
+        """True while the pid still runs the process that was started (not a reused pid)."""
+        if self.poll() is not None:
+            return False
+        ticks = start_ticks(self.pid)
+        return ticks is not None and (self.start_ticks is None or ticks == self.start_ticks)
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the process's group (it leads its session), or to it alone."""
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float = 10.0) -> StopOutcome:
+        """SIGTERM, SIGKILL after `timeout`; returns stopped, killed or not running."""
+        if not self.alive():
+            return "not running"
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                return "stopped"
+            time.sleep(0.05)
+        self.kill()
+        return "killed"
+
+    def kill(self) -> None:
+        """SIGKILL the process, as a crash would, and wait (up to 5 s) until it is gone."""
+        if not self.alive():
+            return
+        self.signal(signal.SIGKILL)
+        for _ in range(100):
+            if not self.alive():
+                return
+            time.sleep(0.05)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last lines of the process's log, for error messages."""
+        return "" if self.log_path is None else log_tail(self.log_path, lines)
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    """The last lines of a log file ("" when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None) -> Process:
+    """Start `argv` detached (its own session), output appended to `log_path`.
+
+    `env` is the whole environment (None: ours). The child starts with no blocked signals and
+    default handlers for SIGINT, SIGTERM and SIGHUP, whatever the parent is masking or ignoring
+    right now (a `redline up` catching interrupts, a shell that started us with SIGINT ignored).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        pid = os.posix_spawn(
+            argv[0],
+            list(argv),
+            dict(os.environ if env is None else env),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, fd, 1),
+                (os.POSIX_SPAWN_DUP2, fd, 2),
+            ],
+            setsid=True,
+            setsigmask=(),
+            setsigdef=INTERRUPTS,
+        )
+    finally:
+        os.close(fd)
+    return Process(pid, start_ticks(pid), tuple(argv), log_path)
+
+
+def wait_until(
+    process: Process,
+    name: str,
+    ready: Callable[[], bool],
+    timeout: float = 30.0,
+    interval: float = 0.05,
+    where: str = "",
+) -> None:
+    """Poll `ready` until it holds; ServiceError (with the log's tail) when the process exits or
+    `timeout` passes first. Errors of `ready` (connection refused, say) count as not yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            code = process.poll()
+            status = "" if code is None else f" with code {code}"
+            raise ServiceError(
+                f"{name} exited{status} during start-up; log {process.log_path}:\n"
+                f"{process.log_tail()}"
+            )
+        try:
+            if ready():
+                return
+        except (OSError, httpx.HTTPError):
+            pass
+        time.sleep(interval)
+    raise ServiceError(
+        f"{name} not ready{where} after {timeout:g} s; log {process.log_path}:\n"
+        f"{process.log_tail()}"
+    )
+
+
+def http_ok(url: str, timeout: float = 1.0) -> Callable[[], bool]:
+    """A readiness check: GET `url` answers 200."""
+
+    def check() -> bool:
+        return httpx.get(url, timeout=timeout).status_code == 200
+
+    return check
+
+
+# ---- services ----------------------------------------------------------------------------------
+
+
 @dataclass
 class Service:
     """A running service process and how to reach it."""
 
     name: str
-    process: subprocess.Popen[bytes]
+    process: Process
     host: str
     port: int
     workdir: Path
@@ -70,83 +257,47 @@ class Service:
 
     def alive(self) -> bool:
         """True while the process has not exited."""
-        return self.process.poll() is None
+        return self.process.alive()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Terminate the process (SIGTERM, then SIGKILL) and reap it."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=timeout)
+        self.process.stop(timeout)
 
     def kill(self) -> None:
         """SIGKILL the process, as a crash would."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+        self.process.kill()
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of the service's log, for error messages."""
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return self.process.log_tail(lines)
 
 
-def _spawn(
-    name: str, argv: Sequence[str], workdir: Path, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[bytes], Path]:
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / f"{name}.log"
-    log = log_path.open("ab")
-    try:
-        process = subprocess.Popen(
-            list(argv),
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-    finally:
-        log.close()
-    return process, log_path
-
-
-def wait_until(
-    service: Service, ready: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05
+def start_service(
+    name: str,
+    argv: Sequence[str],
+    log_path: Path,
+    port: int,
+    ready: Callable[[], bool],
+    timeout: float = 30.0,
+    host: str = "127.0.0.1",
+    workdir: Path | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Service:
-    """Poll `ready` until it holds; stop the service and raise ServiceError on exit or timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not service.alive():
-            raise ServiceError(
-                f"{service.name} exited with code {service.process.returncode} during start-up; "
-                f"log {service.log_path}:\n{service.log_tail()}"
-            )
-        try:
-            if ready():
-                return service
-        except (OSError, httpx.HTTPError):
-            pass
-        time.sleep(interval)
-    service.stop()
-    raise ServiceError(
-        f"{service.name} not ready on {service.host}:{service.port} after {timeout:g} s; "
-        f"log {service.log_path}:\n{service.log_tail()}"
-    )
+    """Spawn a service and wait until `ready` holds; on failure stop it and raise ServiceError."""
+    process = spawn(argv, log_path, env)
+    service = Service(name, process, host, port, workdir or log_path.parent, log_path)
+    return wait_service(service, ready, timeout)
 
 
-def _http_ok(url: str) -> Callable[[], bool]:
-    def check() -> bool:
-        return httpx.get(url, timeout=1.0).status_code == 200
-
-    return check
+def wait_service(service: Service, ready: Callable[[], bool], timeout: float = 30.0) -> Service:
+    """Wait until a started service is ready; stop it and raise ServiceError if it is not."""
+    where = f" on {service.host}:{service.port}"
+    try:
+        wait_until(service.process, service.name, ready, timeout, where=where)
+    except ServiceError:
+        service.stop()
+        raise
+    return service
 
 
 def _tcp_open(host: str, port: int) -> Callable[[], bool]:
@@ -155,6 +306,20 @@ def _tcp_open(host: str, port: int) -> Callable[[], bool]:
             return True
 
     return check
+
+
+def _redis_ping(host: str, port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+
+    return check
+
+
+def _service_dir(workdir: Path, name: str) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir / f"{name}.log"
 
 
 def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1") -> Service:
@@ -172,19 +337,10 @@ def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1")
         "--notify-keyspace-events", "Exge",
         "--daemonize", "no",
     ]  # fmt: skip
-    process, log = _spawn("redis", argv, workdir)
-    service = Service("redis", process, host, port, workdir, log)
+    log = _service_dir(workdir, "redis")
+    service = start_service("redis", argv, log, port, _redis_ping(host, port), host=host)
     service.extra["url"] = f"redis://{host}:{port}/0"
-    return wait_until(service, _redis_ping(host, port))
-
-
-def _redis_ping(host: str, port: int) -> Callable[[], bool]:
-    def check() -> bool:
-        with socket.create_connection((host, port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-
-    return check
+    return service
 
 
 def start_prometheus(
@@ -203,9 +359,9 @@ def start_prometheus(
         "--storage.tsdb.retention.time=400d",
         "--log.level=warn",
     ]
-    process, log = _spawn("prometheus", argv, workdir)
-    service = Service("prometheus", process, host, port, workdir, log)
-    return wait_until(service, _http_ok(f"{service.url}/-/ready"))
+    log = _service_dir(workdir, "prometheus")
+    ready = http_ok(f"http://{host}:{port}/-/ready")
+    return start_service("prometheus", argv, log, port, ready, host=host)
 
 
 def start_alertmanager(
@@ -222,28 +378,24 @@ def start_alertmanager(
         "--cluster.listen-address=",
         "--log.level=warn",
     ]
-    process, log = _spawn("alertmanager", argv, workdir)
-    service = Service("alertmanager", process, host, port, workdir, log)
-    return wait_until(service, _http_ok(f"{service.url}/-/ready"))
+    log = _service_dir(workdir, "alertmanager")
+    ready = http_ok(f"http://{host}:{port}/-/ready")
+    return start_service("alertmanager", argv, log, port, ready, host=host)
+
+
+def milvus_lite_binary() -> str:
+    """The milvus-lite command next to this Python, else on PATH (ServiceError if neither)."""
+    beside = Path(sys.executable).with_name("milvus-lite")
+    return str(beside) if beside.exists() else find_binary("milvus-lite")
 
 
 def start_milvus_lite(workdir: Path, port: int | None = None, host: str = "127.0.0.1") -> Service:
     """A Milvus Lite gRPC server over `workdir/data`; clients use `service.extra['uri']`."""
-    binary = str(Path(sys.executable).with_name("milvus-lite"))
-    if not Path(binary).exists():
-        binary = find_binary("milvus-lite")
+    binary = milvus_lite_binary()
     port = port or free_port(host)
-    argv = [
-        binary,
-        "server",
-        "--data-dir",
-        str(workdir / "data"),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ]
-    process, log = _spawn("milvus", argv, workdir)
-    service = Service("milvus", process, host, port, workdir, log)
+    argv = [binary, "server", "--data-dir", str(workdir / "data"), "--host", host,
+            "--port", str(port)]  # fmt: skip
+    log = _service_dir(workdir, "milvus")
+    service = start_service("milvus", argv, log, port, _tcp_open(host, port), 60.0, host=host)
     service.extra["uri"] = f"http://{host}:{port}"
-    return wait_until(service, _tcp_open(host, port), timeout=60.0)
+    return service

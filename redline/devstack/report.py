@@ -1,7 +1,9 @@
-"""Drill results for people and machines: the timings table, the JSON artifact, a live board."""
+"""Drill results for people and machines: the timings table (or, where it does not fit, one block
+per drill), the JSON artifact, a live board."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
@@ -11,10 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
-from redline.devstack.drills import DrillResult
+from redline.devstack.drills.base import DrillResult
 
 COLUMNS = (
     ("drill", "drill"),
@@ -30,7 +34,13 @@ COLUMNS = (
     ("result", "ok"),
 )
 TABLE_WIDTH = 150
-"""Width the table is laid out for when the output is not a terminal (logs, CI)."""
+"""Width the status table is laid out for when the output is not a terminal (logs, CI)."""
+CAPTION = (
+    "Seconds from the injected fault. Playbook start (or the webhook, for an alert without a "
+    "playbook) is judged, in brackets, from the fault's onset against the budget: scrape + eval "
+    "+ for + group_wait of the local profile, + 2 s. lost: acknowledged writes missing "
+    "afterwards; failed req: user requests that failed during the drill."
+)
 
 
 def _seconds(value: Any) -> str:
@@ -76,19 +86,43 @@ def build_rows(results: Sequence[DrillResult]) -> list[dict[str, str]]:
 
 def build_table(results: Sequence[DrillResult], title: str = "redline drills") -> Table:
     """The timings table (seconds from the injected fault)."""
-    table = Table(
-        title=title,
-        caption="Seconds from the injected fault. Playbook start (or the webhook, for an alert "
-        "without a playbook) is judged, in brackets, from the fault's onset against the budget: "
-        "scrape + eval + for + group_wait of the local profile, + 2 s. lost: acknowledged writes "
-        "missing afterwards; failed req: user requests that failed during the drill.",
-    )
+    table = Table(title=title, caption=CAPTION)
     for header, _ in COLUMNS:
         table.add_column(header, justify="left" if header in ("drill", "alert") else "right")
     for row in build_rows(results):
         style = None if row["result"] == "ok" else "red"
         table.add_row(*(row[header] for header, _ in COLUMNS), style=style)
     return table
+
+
+def build_blocks(results: Sequence[DrillResult], title: str = "redline drills") -> Group:
+    """The same timings as one block per drill (a heading line, then one line per column), for
+    output too narrow for the table."""
+    blocks: list[RenderableType] = [Text(title, style="italic")]
+    for row in build_rows(results):
+        style = "" if row["result"] == "ok" else "red"
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        for header, _ in COLUMNS[1:-1]:
+            grid.add_row(f"  {header}", row[header])
+        blocks += [Text(""), Text(f"{row['drill']}: {row['result']}", style=style), grid]
+    return Group(*blocks, Text(""), Text(CAPTION, style="dim"))
+
+
+def table_width(table: Table) -> int:
+    """The width `table` needs to show every cell whole (its widest layout)."""
+    console = Console(width=10_000, file=io.StringIO())
+    return Measurement.get(console, console.options, table).maximum
+
+
+def build_report(
+    results: Sequence[DrillResult], width: int, title: str = "redline drills"
+) -> RenderableType:
+    """The timings table when it fits `width` columns, else one block per drill: a cut cell
+    (`dri…`) says nothing."""
+    table = build_table(results, title)
+    return table if table_width(table) <= width else build_blocks(results, title)
 
 
 def render_json(results: Sequence[DrillResult], extra: dict[str, Any] | None = None) -> str:

@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from redline.devstack.config import StackLayout
-from redline.devstack.runtime import load_running, part_alive
+from redline.devstack.layout import StackLayout
+from redline.devstack.parts import part_alive
+from redline.devstack.state import load_running
 from tests.support.stack import (
     UP_TIMEOUT,
     RunningStack,

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from redline.devstack.config import StackLayout
-from redline.devstack.drills import DRILL_ORDER, DrillResult, run_drills
+from redline.devstack.drills.base import DrillResult
+from redline.devstack.drills.registry import DRILL_ORDER
+from redline.devstack.drills.run import run_drills
+from redline.devstack.layout import StackLayout
 from redline.devstack.report import render_json, write_json
-from redline.devstack.runtime import load_running
+from redline.devstack.state import load_running
 from tests.support.stack import RunningStack, redline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -16,9 +16,11 @@ import httpx
 import pytest
 
 from redline.dashboards.render import BUILDERS
-from redline.devstack.config import StackLayout, build_part_names
-from redline.devstack.runtime import load_running, part_alive, read_state
+from redline.devstack.layout import StackLayout, build_part_names
+from redline.devstack.parts import part_alive
+from redline.devstack.state import load_running, read_state
 from redline.rules.build import p99_record
+from redline.slo import catalog
 from tests.support.stack import RunningStack, processes_mentioning, redline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -112,7 +114,7 @@ def test_each_region_has_its_prometheus_and_the_global_one_federates_them(
             ("exporters", first),
             ("remediation", last),
         }
-        for query in ("redline_probe_success", 'up{job="alertmanager"}'):
+        for query in (str(catalog.REDLINE_PROBE_SUCCESS), 'up{job="alertmanager"}'):
             body = http.get(f"{global_url}/api/v1/query", params={"query": query}).json()
             assert body["data"]["result"], f"the global Prometheus has no {query}"
 

@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from redline.devstack.config import StackLayout
-from redline.devstack.runtime import PartState, StackState, write_state
+from redline.devstack.layout import StackLayout
+from redline.devstack.state import PartState, StackState, write_state
 
 UP_TIMEOUT = 300.0
 

@@ -47,8 +47,6 @@ import json
 import math
 import random
 import re
-import socket
-import threading
 import time
 import uuid
 from collections import Counter
@@ -57,12 +55,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+# Re-exported: tests and benchmarks serve the simulator with these under this module's name.
+from redline.core.servers import ServerThread as ServerThread
+from redline.core.servers import serve_in_thread as serve_in_thread
 from redline.core.settings import ServiceSettings
 from redline.platform.golden import MODEL_VERSION_HEADER, find_golden
 
@@ -678,62 +678,3 @@ async def _stream(
         }
         yield b"data: " + json.dumps(final, separators=(",", ":")).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
-
-
-@dataclass
-class ServerThread:
-    """An ASGI app served by uvicorn in a daemon thread (tests, benchmarks, the demo)."""
-
-    server: uvicorn.Server
-    thread: threading.Thread
-    host: str
-    port: int
-
-    @property
-    def url(self) -> str:
-        """Base URL of the server."""
-        return f"http://{self.host}:{self.port}"
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Ask uvicorn to exit and wait for the thread."""
-        self.server.should_exit = True
-        self.thread.join(timeout)
-
-
-def serve_in_thread(
-    app: Any,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    log_level: str = "warning",
-    timeout_graceful_shutdown: float = 2.0,
-    start_timeout: float = 10.0,
-) -> ServerThread:
-    """Start `app` on `host:port` (0: a free port) in a thread; return once it accepts."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    bound_port: int = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(math.ceil(timeout_graceful_shutdown)),
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn:{bound_port}", daemon=True
-    )
-    thread.start()
-    deadline = time.monotonic() + start_timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            thread.join(5)
-            sock.close()
-            raise SimulatorError(f"server on {host}:{bound_port} did not start")
-        time.sleep(0.01)
-    return ServerThread(server, thread, host, bound_port)

@@ -21,12 +21,14 @@ from redline.devstack.multiregion import (
 from redline.devstack.processes import Service, free_port, start_prometheus
 from redline.generate.outputs import RULE_FILE, RULES_DIR, build_outputs, write_outputs
 from redline.rules.build import p99_record
+from redline.slo import catalog
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import Spec
 
 pytestmark = pytest.mark.integration
 
 HOST = "127.0.0.1"
+STALENESS = catalog.VECTORDB_INDEX_STALENESS_SECONDS.name
 
 
 def _exporter(spec: Spec, region: str) -> tuple[CollectorRegistry, Any]:
@@ -39,10 +41,7 @@ def _exporter(spec: Spec, region: str) -> tuple[CollectorRegistry, Any]:
         buckets=spec.sources.histogram_buckets,
         registry=registry,
     )
-    staleness = Gauge(
-        "vectordb_index_staleness_seconds", "Staleness.", ("collection", "replica"),
-        registry=registry,
-    )  # fmt: skip
+    staleness = Gauge(STALENESS, "Staleness.", ("collection", "replica"), registry=registry)
     Gauge("unrelated_series", "Not federated.", registry=registry).set(1)
     for index in range(50):
         duration.labels(region, region, "false", "chat", "v1", "200").observe(0.1 + index / 100)
@@ -122,7 +121,7 @@ def test_global_prometheus_sees_both_regions_and_evaluates_the_rules(
         seen = _eventually(client, glob, count, len(spec.regions))
         assert {s["metric"]["region"] for s in seen} == set(spec.regions)
         # A series without a region label gets its regional Prometheus' external label.
-        staleness = _eventually(client, glob, "vectordb_index_staleness_seconds", 2)
+        staleness = _eventually(client, glob, STALENESS, 2)
         assert {(s["metric"]["region"], s["value"][1]) for s in staleness} == {
             (spec.regions[0], "2"),
             (spec.regions[1], "3"),
@@ -132,7 +131,7 @@ def test_global_prometheus_sees_both_regions_and_evaluates_the_rules(
         # The regional servers stamp nothing on their own data and evaluate no rules.
         for region in spec.regions:
             regional = services[regional_part(region)]
-            local = _query(client, regional, "vectordb_index_staleness_seconds")
+            local = _query(client, regional, STALENESS)
             assert local and all("region" not in s["metric"] for s in local)
             groups = client.get(f"{regional.url}/api/v1/rules").json()["data"]["groups"]
             assert groups == []
@@ -158,13 +157,13 @@ def test_a_target_gone_from_its_region_goes_stale_globally(
     glob = services[GLOBAL_PART]
     gone = spec.regions[1]
     with httpx.Client(timeout=5) as client:
-        assert len(_eventually(client, glob, "vectordb_index_staleness_seconds", 2)) == 2
+        assert len(_eventually(client, glob, STALENESS, 2)) == 2
         exporters[gone].shutdown()
         exporters[gone].server_close()
         deadline = time.monotonic() + 20
         regions = {gone}
         while time.monotonic() < deadline and gone in regions:
-            result = _query(client, glob, "vectordb_index_staleness_seconds")
+            result = _query(client, glob, STALENESS)
             regions = {s["metric"]["region"] for s in result}
             time.sleep(0.25)
         assert regions == {spec.regions[0]}

@@ -13,13 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from redline.core.servers import ServerThread, serve_in_thread
 from redline.devstack.fakes.simulator import (
     LatencyDistribution,
-    ServerThread,
     SimulatorSettings,
     adapter_version,
     build_simulator_app,
-    serve_in_thread,
 )
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER, grade
 

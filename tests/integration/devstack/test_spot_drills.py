@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from redline.dashboards.render import DASHBOARDS_DIR
@@ -22,15 +21,11 @@ from redline.devstack.dashcheck.check import (
     load_dashboards,
     render_outcomes,
 )
-from redline.devstack.drills import DRILLS
+from redline.devstack.drills.registry import DRILLS
+from redline.devstack.drills.spot.fleet import FleetConfig, SpotFleet
+from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER, SpotDrillReport, run_spot_drill
 from redline.devstack.processes import Service
-from redline.devstack.spot_drills import (
-    SPOT_DRILL_ORDER,
-    FleetConfig,
-    SpotDrillReport,
-    SpotFleet,
-    run_spot_drill,
-)
+from redline.platform.prometheus import PrometheusClient
 from redline.slo.load import load_spec
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -117,7 +112,7 @@ def test_the_spot_dashboard_shows_the_drills(fleet: SpotFleet, fleet_started: fl
     root = Path(__file__).resolve().parents[3]
     dashboard = load_dashboards(root / DASHBOARDS_DIR)["spot.json"]
     end = time.time()
-    with httpx.Client(base_url=fleet.prometheus.url, timeout=30, trust_env=False) as client:
+    with PrometheusClient(fleet.prometheus.url, timeout=30, trust_env=False) as client:
         # From the fleet's start: a short range gives fine steps, so the alerts of the
         # time-compressed drills (firing for seconds) fall on a step as Grafana would draw them.
         start = fleet_started

@@ -13,22 +13,24 @@ from redline.cli.index import IndexSettings
 from redline.cli.sessions import SessionSettings
 from redline.core.settings import ServiceSettings, load_settings
 from redline.devstack.config import (
+    build_part_commands,
+    build_prometheus_config,
+    build_prometheus_configs,
+    build_stack_spec,
+    pipeline_budget_seconds,
+    render_settings,
+)
+from redline.devstack.fakes.simulator import SimulatorSettings
+from redline.devstack.layout import (
     ADAPTER,
     SERVICE_PARTS,
     StackConfigError,
     StackLayout,
     build_endpoints,
-    build_part_commands,
     build_part_names,
     build_ported_parts,
-    build_prometheus_config,
-    build_prometheus_configs,
-    build_stack_spec,
     check_regions,
-    pipeline_budget_seconds,
-    render_settings,
 )
-from redline.devstack.fakes.simulator import SimulatorSettings
 from redline.devstack.loadgen import LoadgenSettings
 from redline.exporters.settings import load_exporter_settings
 from redline.gateway import GatewaySettings

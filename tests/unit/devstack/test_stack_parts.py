@@ -1,29 +1,25 @@
-"""The local stack's pieces that need no stack: processes, state, load mix, baselines, drills."""
+"""The local stack's pieces that need no stack: state, ports, load mix, baselines, drills."""
 
 from __future__ import annotations
 
+import io
 import os
 import random
-import shutil
 import socket
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from redline.devstack.config import StackLayout
-from redline.devstack.drills import (
-    DRILL_ORDER,
-    DrillError,
-    DrillResult,
-    drill_lock,
-    labels_match,
-    parse_time,
-    regression_latency,
-    resolve_names,
-)
+from redline.cli.stack import DRILL_HELP
+from redline.devstack.drills.base import DrillError, DrillResult, labels_match, parse_time
+from redline.devstack.drills.registry import DRILL_NAMES, DRILL_ORDER, resolve_names
+from redline.devstack.drills.regression import regression_latency
+from redline.devstack.drills.run import drill_lock
+from redline.devstack.errors import PortInUseError, StackError
+from redline.devstack.layout import StackLayout
 from redline.devstack.loadgen import (
     LoadgenSettings,
     LoadStats,
@@ -32,97 +28,19 @@ from redline.devstack.loadgen import (
     build_reference_embeddings,
 )
 from redline.devstack.models import build_adapter_files, build_histogram_quantile
-from redline.devstack.report import build_rows, render_json
-from redline.devstack.runtime import (
-    PartState,
-    PortInUseError,
-    StackError,
-    StackRunningError,
-    StackState,
-    choose_ports,
-    find_strays,
-    part_alive,
-    prepare_run_dir,
-    read_state,
-    spawn,
-    start_ticks,
-    stop_part,
-    write_state,
-)
+from redline.devstack.processes import start_ticks
+from redline.devstack.report import build_report, build_rows, render_json
+from redline.devstack.runtime import choose_ports, prepare_run_dir
+from redline.devstack.state import read_state
 from redline.platform.golden import GOLDEN_SET
 from redline.slo.load import apply_profile, load_spec
 
-# ---- processes and state -----------------------------------------------------------------------
-
-
-def _sleeper(tmp_path: Path, name: str = "sleeper") -> PartState:
-    sleep = shutil.which("sleep")
-    assert sleep is not None
-    log = tmp_path / f"{name}.log"
-    pid = spawn([sleep, "60"], log, dict(os.environ))
-    return PartState(name=name, kind="redline", pid=pid, start_ticks=start_ticks(pid),
-                     log=str(log), argv=[sleep, "60"], started_at=time.time())  # fmt: skip
-
-
-def test_spawned_part_runs_detached_and_stops_by_pid(tmp_path: Path) -> None:
-    part = _sleeper(tmp_path)
-    assert part_alive(part)
-    assert os.getpgid(part.pid) == part.pid  # its own session and process group
-    assert stop_part(part, timeout=5) == "stopped"
-    assert not part_alive(part)
-    assert stop_part(part) == "not running"
-
-
-def test_a_reused_pid_is_never_signalled(tmp_path: Path) -> None:
-    bystander = _sleeper(tmp_path, "bystander")
-    try:
-        impostor = bystander.model_copy(update={"start_ticks": (bystander.start_ticks or 0) + 1})
-        assert not part_alive(impostor)
-        assert stop_part(impostor) == "not running"
-        assert part_alive(bystander)
-    finally:
-        stop_part(bystander)
-
-
-def test_a_part_ignoring_sigterm_is_killed(tmp_path: Path) -> None:
-    shell = shutil.which("sh")
-    assert shell is not None
-    argv = [shell, "-c", "trap '' TERM; while :; do sleep 0.1; done"]
-    pid = spawn(argv, tmp_path / "stubborn.log", dict(os.environ))
-    part = PartState(name="stubborn", kind="redline", pid=pid, start_ticks=start_ticks(pid),
-                     log="x", started_at=time.time())  # fmt: skip
-    time.sleep(0.3)
-    assert stop_part(part, timeout=0.5) == "killed"
-    assert not part_alive(part)
+# ---- state and ports ---------------------------------------------------------------------------
 
 
 def test_zombies_and_missing_pids_count_as_gone() -> None:
     assert start_ticks(os.getpid()) is not None
     assert start_ticks(2**22 + 12345) is None
-
-
-def _state(layout: StackLayout, parts: list[PartState]) -> StackState:
-    return StackState(run_dir=str(layout.root), spec=None, spec_source="<embedded>",
-                      host="127.0.0.1", regions=["primary", "secondary"], ports={}, rate=10.0,
-                      seed=1, started_at=time.time(), parts=parts)  # fmt: skip
-
-
-def test_a_live_run_dir_is_refused_and_a_stale_one_cleaned(tmp_path: Path) -> None:
-    layout = StackLayout(tmp_path / "run")
-    live = _sleeper(tmp_path)
-    try:
-        write_state(layout, _state(layout, [live]))
-        (layout.root / "leftover.txt").write_text("x")
-        with pytest.raises(StackRunningError, match=r"already running .* 1 of 1 parts alive"):
-            prepare_run_dir(layout, lambda _: None)
-        assert (layout.root / "leftover.txt").exists()
-    finally:
-        stop_part(live)
-    said: list[str] = []
-    prepare_run_dir(layout, said.append)
-    assert "stale run directory" in said[0]
-    assert not (layout.root / "leftover.txt").exists()
-    assert layout.marker.exists() and layout.logs_dir.is_dir()
 
 
 def test_a_foreign_non_empty_directory_is_never_cleaned(tmp_path: Path) -> None:
@@ -279,47 +197,6 @@ def test_report_rows_and_json() -> None:
     assert '"drill": "latency"' in render_json([ok])
 
 
-def test_signals_reach_a_whole_process_group(tmp_path: Path) -> None:
-    shell = shutil.which("sh")
-    assert shell is not None
-    pid = spawn([shell, "-c", "sleep 60 & wait"], tmp_path / "group.log", dict(os.environ))
-    part = PartState(name="group", kind="redline", pid=pid, start_ticks=start_ticks(pid),
-                     log="x", started_at=time.time())  # fmt: skip
-    time.sleep(0.3)
-    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == pid]
-    assert len(children) >= 2
-    assert stop_part(part, timeout=5) == "stopped"
-    time.sleep(0.2)
-    assert all(start_ticks(child) is None for child in children)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
-
-
-def test_strays_are_session_leaders_naming_the_run_dir(tmp_path: Path) -> None:
-    shell = shutil.which("sh")
-    assert shell is not None
-    marker = tmp_path / "run" / "config" / "part.yaml"
-    marker.parent.mkdir(parents=True)
-    marker.write_text("x")
-    leader = spawn([shell, "-c", "sleep 60", str(marker)], tmp_path / "a.log", dict(os.environ))
-    reader = subprocess.Popen([shell, "-c", "sleep 60", str(marker)])  # same session as us
-    try:
-        found = {stray.pid for stray in find_strays(tmp_path / "run")}
-        assert leader in found
-        assert reader.pid not in found
-    finally:
-        reader.kill()
-        reader.wait()
-        part = PartState(name="x", kind="redline", pid=leader, start_ticks=start_ticks(leader),
-                         log="x", started_at=time.time())  # fmt: skip
-        stop_part(part)
-
-
 def test_two_drill_runs_on_one_stack_are_refused(tmp_path: Path) -> None:
     layout = StackLayout(tmp_path)
     with drill_lock(layout):
@@ -328,3 +205,39 @@ def test_two_drill_runs_on_one_stack_are_refused(tmp_path: Path) -> None:
                 pass
     with drill_lock(layout):
         pass
+
+
+def test_every_drill_is_named_in_the_help_and_resolves() -> None:
+    for name in DRILL_NAMES:
+        assert name in DRILL_HELP
+        assert resolve_names([name]) == [name]
+    assert "spot-one" not in resolve_names(["all"])  # the spot drills run a fleet of their own
+
+
+def _render(results: list[DrillResult], width: int) -> str:
+    console = Console(width=width, file=io.StringIO(), force_terminal=False, color_system=None)
+    console.print(build_report(results, console.width))
+    output = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(output, str)
+    return output
+
+
+def test_the_drill_report_fits_80_columns_without_cutting_a_cell() -> None:
+    """Output that is not a terminal is 80 columns wide (`make demo | tee`): the table would cut
+    every cell to `dri…`, so the report prints one block per drill instead."""
+    closed = _result(firing_at=105.2, notified_at=106.0, playbook_started_at=106.3,
+                     remediated_at=108.0, recovered_at=140.0, condition_delay=0.9,
+                     failed_requests=0, lost=0)  # fmt: skip
+    webhook = DrillResult("exporter-down", "SLIAbsent", None, 6.0, fault_at=100.0,
+                          firing_at=104.0, notified_at=104.5, recovered_at=120.0)  # fmt: skip
+    failed = DrillResult("regression-negative", "SemanticRollbackTwoSignal", "semantic_rollback",
+                         9.0, fault_at=100.0, expect_alert=False, error="boom")  # fmt: skip
+    results = [closed, webhook, failed]
+    narrow = _render(results, 80)
+    assert "…" not in narrow
+    assert max(len(line) for line in narrow.splitlines()) <= 80
+    for row in build_rows(results):
+        for header, text in row.items():
+            assert text in narrow, f"{row['drill']}: {header} {text!r} cut or missing"
+    wide = _render(results, 200)
+    assert "…" not in wide and "playbook start" in wide.splitlines()[2]  # the table's header

@@ -1,0 +1,130 @@
+"""The drills' view of the running stack over its APIs: Prometheus, the remediation receiver, the
+simulators' fault knobs and LoRA API, and the files of the run directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from redline.devstack.drills.base import DrillError, matching_alerts
+from redline.devstack.layout import ADAPTER, Endpoints, StackLayout
+from redline.devstack.loadgen import summarize_stats
+from redline.devstack.state import StackState
+from redline.platform.prometheus import PrometheusClient
+
+
+def open_prometheus(endpoints: Endpoints, timeout: float = 10.0) -> PrometheusClient:
+    """A client of the stack's (global) Prometheus; no retries: the drills poll anyway."""
+    return PrometheusClient(endpoints.prometheus_url, timeout=timeout, retries=0, trust_env=False)
+
+
+class StackProbe:
+    """The drills' view of the stack over its APIs (Prometheus, receiver, simulators, files)."""
+
+    def __init__(self, state: StackState, http: httpx.Client, prometheus: PrometheusClient) -> None:
+        self.state = state
+        self.endpoints: Endpoints = state.endpoints()
+        self.layout: StackLayout = state.layout()
+        self.http = http
+        self.prometheus = prometheus
+        self.token = self.layout.token_file.read_text("utf-8").strip()
+
+    def alerts(self, name: str, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Prometheus's active alerts called `name` with these labels (pending or firing)."""
+        return matching_alerts(self.prometheus.alerts(), name, labels)
+
+    def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query's series and values."""
+        return self.prometheus.instant(promql)
+
+    def query_range(
+        self, promql: str, start: float, end: float, step: float
+    ) -> list[tuple[float, float]]:
+        """A range query's samples of its first series (time, value)."""
+        series = self.prometheus.range(promql, start, end, step)
+        return series[0][1] if series else []
+
+    def value(self, promql: str) -> float | None:
+        """The single value of an instant query, None when it has no series."""
+        series = self.query(promql)
+        return series[0][1] if series else None
+
+    def jobs(self, playbook: str) -> list[dict[str, Any]]:
+        """The receiver's recent jobs of a playbook, newest first."""
+        response = self.http.get(
+            f"{self.endpoints.receiver_url}/jobs",
+            params={"playbook": playbook, "limit": 200},
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        response.raise_for_status()
+        jobs: list[dict[str, Any]] = response.json()["jobs"]
+        return jobs
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job with its recorded steps (the list endpoint leaves steps out)."""
+        response = self.http.get(
+            f"{self.endpoints.receiver_url}/jobs/{job_id}",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        response.raise_for_status()
+        job: dict[str, Any] = response.json()
+        return job
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The receiver's audit trail mirror (JSONL)."""
+        try:
+            lines = self.layout.audit_file.read_text("utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        records = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written right now
+        return records
+
+    def faults(self, region: str) -> dict[str, Any]:
+        """A simulator's fault knobs."""
+        response = self.http.get(f"{self.endpoints.simulator_url(region)}/admin/faults")
+        response.raise_for_status()
+        faults: dict[str, Any] = response.json()
+        return faults
+
+    def set_faults(self, region: str, faults: Mapping[str, Any]) -> None:
+        """Replace a simulator's fault knobs."""
+        response = self.http.post(
+            f"{self.endpoints.simulator_url(region)}/admin/faults", json=dict(faults)
+        )
+        if response.status_code != 200:
+            raise DrillError(f"{region}: faults rejected: HTTP {response.status_code}: "
+                             f"{response.text[:300]}")  # fmt: skip
+
+    def load_adapter(self, version_dir: str) -> None:
+        """Serve the adapter at `version_dir` on every region (vLLM's runtime LoRA API)."""
+        for region in self.endpoints.regions:
+            body = {"lora_name": ADAPTER, "lora_path": version_dir, "load_inplace": True}
+            url = f"{self.endpoints.simulator_url(region)}/v1/load_lora_adapter"
+            response = self.http.post(url, json=body)
+            if response.status_code != 200:
+                raise DrillError(f"{region}: load {version_dir}: HTTP {response.status_code}")
+
+    def served_versions(self) -> dict[str, str]:
+        """Region -> version of the adapter each simulator serves."""
+        versions = {}
+        for region in self.endpoints.regions:
+            stats = self.http.get(f"{self.endpoints.simulator_url(region)}/admin/stats").json()
+            versions[region] = stats["adapters"].get(ADAPTER, {}).get("version", "none")
+        return versions
+
+    def loadgen_failures(self) -> dict[str, int]:
+        """Requests the load generator saw fail so far, by HTTP status (or `error`)."""
+        stats = summarize_stats(self.layout.loadgen_stats) or {}
+        statuses: dict[str, int] = stats.get("statuses", {})
+        return {status: int(n) for status, n in statuses.items() if status != "200"}
+
+
+__all__ = ["StackProbe", "open_prometheus"]

@@ -1,0 +1,58 @@
+"""Every drill by name, the order `all` runs them in, and the names a user may ask for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from redline.devstack.drills.base import DrillError, DrillResult
+from redline.devstack.drills.context import DrillContext
+from redline.devstack.drills.exporter_down import drill_exporter_down
+from redline.devstack.drills.latency import drill_latency
+from redline.devstack.drills.regression import drill_regression, drill_regression_negative
+from redline.devstack.drills.session_rpo import drill_session_rpo
+from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER
+from redline.devstack.drills.spot.stack import SPOT_DRILLS
+from redline.devstack.drills.staleness import drill_staleness
+
+DRILL_ORDER = (
+    "exporter-down",
+    "session-rpo",
+    "staleness",
+    "latency",
+    "regression",
+    "regression-negative",
+)
+"""`all` runs the drills in this order: the rollback gate's alert outlives its rollback by the
+gate's 300 s window, so the regressions come last and their recovery is awaited at the end.
+The spot drills run a fleet of their own beside the stack and are asked for by name."""
+
+DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER)
+"""Every drill a user may name (`all` aside)."""
+
+DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
+    "latency": drill_latency,
+    "staleness": drill_staleness,
+    "regression": drill_regression,
+    "regression-negative": drill_regression_negative,
+    "session-rpo": drill_session_rpo,
+    "exporter-down": drill_exporter_down,
+    **SPOT_DRILLS,
+}
+"""The explicit registry of drills, by name."""
+
+
+def resolve_names(names: Sequence[str]) -> list[str]:
+    """The drills to run (`all` expands to every drill in DRILL_ORDER); DrillError if unknown."""
+    wanted: list[str] = []
+    for name in names:
+        if name == "all":
+            wanted += [n for n in DRILL_ORDER if n not in wanted]
+        elif name in DRILLS:
+            if name not in wanted:
+                wanted.append(name)
+        else:
+            raise DrillError(f"unknown drill {name!r}; choose from: all, {', '.join(DRILL_NAMES)}")
+    return wanted
+
+
+__all__ = ["DRILLS", "DRILL_NAMES", "DRILL_ORDER", "resolve_names"]

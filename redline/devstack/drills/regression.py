@@ -1,0 +1,248 @@
+"""The regression drills: a release slower and less accurate trips the two-signal rollback gate
+(SemanticRollbackTwoSignal -> semantic_rollback back to v1); a release only slower does not."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from redline.devstack.drills.base import DrillError, DrillResult
+from redline.devstack.drills.context import DeferredRecovery, DrillContext
+from redline.devstack.drills.waits import (
+    budget_for,
+    job_matches,
+    require_quiet,
+    run_playbook_loop,
+    wait_firing,
+    wait_recovered,
+)
+from redline.devstack.layout import ADAPTER
+from redline.platform.snapshots import SnapshotRegistry
+from redline.rules.build import rollback_records
+from redline.slo import catalog
+from redline.slo.spec import Spec
+
+REGRESSION_VERSION = "v2"
+NEGATIVE_VERSION = "v3"
+GOOD_VERSION = "v1"
+
+
+def _deploy(ctx: DrillContext, version: str) -> None:
+    registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
+    snapshot = next(s for s in registry.list(ADAPTER) if s.version == version)
+    registry.activate(ADAPTER, snapshot.snapshot_id)
+    ctx.probe.load_adapter(str(ctx.probe.layout.adapter_dir(version)))
+
+
+def _set_version_faults(ctx: DrillContext, version: str, faults: Mapping[str, Any] | None) -> None:
+    for region in ctx.endpoints.regions:
+        current = ctx.probe.faults(region)
+        versions = dict(current.get("versions") or {})
+        if faults is None:
+            versions.pop(version, None)
+        else:
+            versions[version] = dict(faults)
+        ctx.probe.set_faults(region, {**current, "versions": versions})
+
+
+def _baseline(ctx: DrillContext, version: str) -> tuple[float, float]:
+    registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
+    snapshot = next(s for s in registry.list(ADAPTER) if s.version == version)
+    if snapshot.baselines is None:
+        raise DrillError(f"{ADAPTER} {version} has no baselines (was `redline up` completed?)")
+    return snapshot.baselines.p99_seconds, snapshot.baselines.accuracy_ratio
+
+
+def regression_latency(spec: Spec, baseline_p99: float) -> float:
+    """Latency to add so P99 clears the gate's ratio but stays under the red line."""
+    gate = (1 + spec.rollback.p99_increase_ratio) * baseline_p99
+    added = max(0.15, gate - baseline_p99 + 0.1)
+    if baseline_p99 + added >= spec.red_lines.latency_p99.threshold_seconds - 0.1:
+        raise DrillError(
+            f"baseline P99 {baseline_p99:.3f} s leaves no room between the rollback gate "
+            f"({gate:.3f} s) and the latency red line"
+        )
+    return round(added, 3)
+
+
+def _gate_series(ctx: DrillContext, version: str) -> dict[str, float | None]:
+    records = rollback_records(ctx.spec)
+    selector = f'{{model="{ADAPTER}",model_version="{version}"}}'
+    return {name: ctx.probe.value(record + selector) for name, record in records.items()}
+
+
+def _restore_good(ctx: DrillContext, version: str) -> None:
+    _deploy(ctx, GOOD_VERSION)
+    _set_version_faults(ctx, version, None)
+
+
+def _gate_onset(ctx: DrillContext, version: str, start: float, end: float) -> float | None:
+    """When the gate's traffic and accuracy conditions first both held: the first rule
+    evaluation at or after `start` where the recorded request count reached `min_samples` and
+    the recorded accuracy was below the baseline by more than the drop, less one scrape and one
+    evaluation interval (both may have held that much earlier). The latency condition holds
+    from the first slow request on and is checked separately."""
+    gate = ctx.spec.rollback
+    timing = ctx.spec.timing
+    records = rollback_records(ctx.spec)
+    selector = f'{{model="{ADAPTER}",model_version="{version}"}}'
+    query = (
+        f"({records['requests']}{selector} >= {gate.min_samples})\n"
+        f"and on (model, model_version)\n"
+        f"(max by (model, model_version) ({catalog.MODEL_BASELINE_ACCURACY_RATIO}{selector})\n"
+        f" - on (model, model_version) {records['accuracy']}{selector} > {gate.accuracy_drop})"
+    )
+    samples = ctx.probe.query_range(query, start, end, timing.evaluation_interval_seconds)
+    if not samples:
+        return None
+    return max(
+        start, samples[0][0] - timing.scrape_interval_seconds - timing.evaluation_interval_seconds
+    )
+
+
+def drill_regression(ctx: DrillContext) -> DrillResult:
+    """v2 slower and less accurate -> SemanticRollbackTwoSignal -> semantic_rollback to v1."""
+    spec = ctx.spec
+    gate = spec.rollback
+    version = REGRESSION_VERSION
+    result = DrillResult("regression", "SemanticRollbackTwoSignal", gate.playbook,
+                         budget_for(ctx, gate.for_seconds))  # fmt: skip
+    labels = {"model": ADAPTER, "model_version": version}
+    require_quiet(ctx, result, labels)
+    baseline_p99, baseline_accuracy = _baseline(ctx, version)
+    added = regression_latency(spec, baseline_p99)
+    faults = {
+        "latency": {"base_seconds": added, "jitter": "none"},
+        "wrong_answer_probability": 0.5,
+    }
+    expected = gate.min_samples / max(1.0, ctx.state.rate * 0.85)
+    try:
+        result.fault = (
+            f"deploy {ADAPTER} {version}: +{added} s latency and half the golden answers wrong "
+            f"(baseline p99 {baseline_p99:.3f} s, accuracy {baseline_accuracy:.3f})"
+        )
+        result.fault_at = time.time()
+        _set_version_faults(ctx, version, faults)
+        _deploy(ctx, version)
+        ctx.say(result.drill, f"fault injected: {result.fault}")
+        wait_firing(ctx, result, labels, expected + 120.0)
+        series = _gate_series(ctx, version)
+        result.check(
+            "the gate's three signals",
+            True,
+            f"p99 {series['p99']}, accuracy {series['accuracy']}, requests {series['requests']}",
+        )
+        onset = _gate_onset(ctx, version, result.fault_at, time.time())
+        if onset is not None:
+            result.condition_delay = max(0.0, onset - result.fault_at)
+        result.condition_basis = (
+            f"{gate.min_samples} requests of {version} within {gate.window_seconds} s and its "
+            "accuracy under the baseline (first evaluation showing both, less a scrape and an "
+            "evaluation interval)"
+        )
+        run_playbook_loop(ctx, result, labels, 180.0)
+        registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
+        active = registry.active(ADAPTER)
+        result.check(
+            f"{GOOD_VERSION} active again",
+            active is not None and active.version == GOOD_VERSION and active.verified,
+            f"active: {active.version if active else None}",
+        )
+        served = ctx.probe.served_versions()
+        result.check(
+            f"every region serves {GOOD_VERSION}",
+            set(served.values()) == {GOOD_VERSION},
+            ", ".join(f"{r}={v}" for r, v in served.items()),
+        )
+    finally:
+        _set_version_faults(ctx, version, None)
+        if result.remediated_at is None:
+            _restore_good(ctx, version)
+    result.lost_detail = "n/a: a rollback switches adapters, it writes no data"
+    result.notes.append(
+        f"the gate's {gate.window_seconds} s window keeps {version}'s requests after the "
+        "rollback, so the alert resolves once they leave it"
+    )
+    timeout = gate.window_seconds + 120.0
+    if ctx.defer_recovery:
+        ctx.deferred.append(DeferredRecovery(result, labels, time.time() + timeout))
+    else:
+        wait_recovered(ctx, result, labels, timeout)
+    return result
+
+
+def drill_regression_negative(ctx: DrillContext) -> DrillResult:
+    """v3 slower only (accuracy intact, enough traffic) -> the two-signal gate stays quiet."""
+    spec = ctx.spec
+    gate = spec.rollback
+    version = NEGATIVE_VERSION
+    result = DrillResult("regression-negative", "SemanticRollbackTwoSignal", gate.playbook,
+                         budget_for(ctx, gate.for_seconds))  # fmt: skip
+    result.expect_alert = False
+    labels = {"model": ADAPTER, "model_version": version}
+    require_quiet(ctx, result, labels)
+    baseline_p99, _ = _baseline(ctx, version)
+    added = regression_latency(spec, baseline_p99)
+    ratio = 1 + gate.p99_increase_ratio
+    expected = gate.min_samples / max(1.0, ctx.state.rate * 0.85)
+    jobs_before = {job["id"] for job in ctx.probe.jobs(str(gate.playbook))}
+    try:
+        result.fault = f"deploy {ADAPTER} {version}: +{added} s latency, answers still right"
+        result.fault_at = time.time()
+        _set_version_faults(ctx, version, {"latency": {"base_seconds": added, "jitter": "none"}})
+        _deploy(ctx, version)
+        ctx.say(result.drill, f"fault injected: {result.fault}")
+
+        def latency_signal_with_traffic() -> dict[str, float | None] | None:
+            series = _gate_series(ctx, version)
+            p99, requests = series["p99"], series["requests"]
+            if p99 is None or requests is None:
+                return None
+            if requests >= gate.min_samples and p99 >= ratio * baseline_p99:
+                return series
+            return None
+
+        series = ctx.wait_for(result.drill, f"{gate.min_samples} requests of {version} with "
+                              "the latency signal on", latency_signal_with_traffic,
+                              expected + 120.0, 0.5)  # fmt: skip
+        result.check(
+            "latency signal on, with enough traffic",
+            True,
+            f"p99 {series['p99']:.3f} s >= {ratio:g} x {baseline_p99:.3f} s, "
+            f"{series['requests']:.0f} requests",
+        )
+        hold = spec.timing.evaluation_interval_seconds * 3 + gate.for_seconds + 5.0
+        deadline = time.monotonic() + hold
+        while time.monotonic() < deadline:
+            alerts = ctx.probe.alerts(result.alert, labels)
+            if alerts:
+                if any(a["state"] == "firing" for a in alerts):
+                    result.firing_at = time.time()
+                result.check("gate stays quiet", False, f"{result.alert} went {alerts[0]['state']}")
+                break
+            time.sleep(0.25)
+        else:
+            result.check("gate stays quiet", True, f"no {result.alert} for {hold:g} s")
+        accuracy = _gate_series(ctx, version)["accuracy"]
+        result.check(
+            "accuracy signal off",
+            accuracy is not None,
+            f"accuracy of {version}: {accuracy}",
+        )
+        new_jobs = [j for j in ctx.probe.jobs(str(gate.playbook)) if j["id"] not in jobs_before
+                    and job_matches(j, result.alert, labels)]  # fmt: skip
+        result.check("no rollback job", not new_jobs, f"{len(new_jobs)} new job(s)")
+        registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
+        active = registry.active(ADAPTER)
+        result.check(f"{version} still active", active is not None and active.version == version,
+                     f"active: {active.version if active else None}")  # fmt: skip
+    finally:
+        ctx.say(result.drill, f"restoring {GOOD_VERSION} (the operator rolls back by hand)")
+        _restore_good(ctx, version)
+    result.remediated_at = time.time()
+    result.lost_detail = "n/a: no data is written"
+    return result
+
+
+__all__ = ["drill_regression", "drill_regression_negative", "regression_latency"]

@@ -1,0 +1,160 @@
+"""The state file of a run: every part `redline up` started, with its pid and kernel start time.
+
+`redline down` and `redline status` act on exactly the processes listed here: a pid that was
+reused by another program has another start time and is left alone. The file is rewritten
+(atomically) after each part starts, so even a `redline up` killed half-way can be cleaned up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from redline.devstack.errors import StackError
+from redline.devstack.layout import Endpoints, StackLayout, build_endpoints
+from redline.slo.load import apply_profile, load_spec
+from redline.slo.spec import Spec
+
+STATE_FORMAT = 1
+PartKind = Literal["service", "redline"]
+
+
+class PartState(BaseModel):
+    """One started process."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: PartKind
+    pid: int
+    start_ticks: int | None = Field(None, description="Kernel start time of the pid (/proc).")
+    port: int | None = None
+    url: str | None = None
+    log: str
+    argv: list[str] = Field(default_factory=list)
+    started_at: float
+
+
+class StackState(BaseModel):
+    """What `redline up` started, where, and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = STATE_FORMAT
+    status: Literal["starting", "running"] = "starting"
+    run_dir: str
+    spec: str | None
+    spec_source: str
+    host: str
+    regions: list[str]
+    prometheus_regions: list[str] = Field(
+        default_factory=list,
+        description="Regions with their own Prometheus, federated by the global one.",
+    )
+    ports: dict[str, int]
+    rate: float
+    seed: int
+    started_at: float
+    parts: list[PartState] = Field(default_factory=list)
+
+    def part(self, name: str) -> PartState | None:
+        """The part called `name`, if started."""
+        return next((p for p in self.parts if p.name == name), None)
+
+    def endpoints(self) -> Endpoints:
+        """The URLs of this run."""
+        return build_endpoints(self.ports, self.regions, self.host, self.prometheus_regions)
+
+    def layout(self) -> StackLayout:
+        """The run directory's layout."""
+        return StackLayout(Path(self.run_dir))
+
+    def load_spec(self) -> Spec:
+        """The spec this run was started with, local profile applied."""
+        return apply_profile(load_spec(self.spec).spec, "local")
+
+
+def read_state(layout: StackLayout) -> StackState | None:
+    """The run's state, or None when the directory holds none; StackError when unreadable."""
+    try:
+        text = layout.state_file.read_text("utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StackError(f"{layout.state_file}: cannot read: {exc.strerror}") from None
+    try:
+        return StackState.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top level)"
+        raise StackError(
+            f"{layout.state_file}: not a redline state file ({where}: {first['msg']}); "
+            "remove it if no stack runs from this directory"
+        ) from None
+
+
+def write_state(layout: StackLayout, state: StackState) -> None:
+    """Replace the state file atomically."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=layout.root, prefix=".state.")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(state.model_dump_json(indent=2))
+    os.replace(tmp, layout.state_file)
+
+
+def load_running(run_dir: Path) -> StackState:
+    """The state of a running stack; StackError when the directory has none."""
+    layout = StackLayout(run_dir.resolve())
+    state = read_state(layout)
+    if state is None:
+        raise StackError(f"no stack in {layout.root} (no {layout.state_file.name}); "
+                         f"start one with `redline up --run-dir {run_dir}`")  # fmt: skip
+    return state
+
+
+def describe_urls(state: StackState) -> list[tuple[str, str]]:
+    """(what, where) lines `redline up` prints."""
+    e = state.endpoints()
+    layout = state.layout()
+    regional = [(f"Prometheus {r}", e.regional_prometheus_url(r)) for r in e.prometheus_regions]
+    rows = [
+        ("Prometheus (global)" if e.federated else "Prometheus", e.prometheus_url),
+        *regional,
+        ("Alertmanager", e.alertmanager_url),
+        ("Remediation receiver", f"{e.receiver_url}  (POST /alerts, GET /jobs)"),
+        ("Gateway (OpenAI API)", f"{e.gateway_url}/v1/chat/completions"),
+        ("Exporters", f"{e.exporters_url}/metrics"),
+        *((f"Simulator {r}", e.simulator_url(r) + "  (/admin/faults)") for r in e.regions),
+        ("Redis", e.redis_url),
+        ("Milvus Lite primary", e.milvus_primary_uri),
+        ("Milvus Lite replica", e.milvus_replica_uri),
+        ("Run directory", str(layout.root)),
+        ("Logs", str(layout.logs_dir)),
+        ("Webhook token file", str(layout.token_file)),
+    ]
+    return rows
+
+
+def state_json(state: StackState, health: Mapping[str, object] | None = None) -> str:
+    """The state (and each part's health) as pretty JSON, for `status --json`."""
+    data = state.model_dump(mode="json")
+    if health is not None:
+        data["health"] = dict(health)
+    return json.dumps(data, indent=2)
+
+
+__all__ = [
+    "PartState",
+    "StackState",
+    "describe_urls",
+    "load_running",
+    "read_state",
+    "state_json",
+    "write_state",
+]
