@@ -1,4 +1,6 @@
 # redline: `make demo` and `make test` each do their own set-up on a fresh Debian machine.
+# `make test-fast` is the quick loop (no Debian services): lint, types, generated files, layers,
+# unit tests.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,9 +13,15 @@ APT_NEEDED := $(shell command -v prometheus >/dev/null && command -v promtool >/
               $(shell command -v chromium >/dev/null || echo chromium) \
               $(shell command -v pdftoppm >/dev/null || echo poppler-utils) \
               $(shell command -v docker-compose >/dev/null || echo docker-compose)
+PYTEST := $(VENV)/bin/pytest
+# Extra pytest arguments for `make pytest`/`test`/`test-fast` (e.g. PYTEST_ARGS='-k receiver').
 PYTEST_ARGS ?=
+# Parallel pytest workers of `make test`. The tests wait on real services far more than they
+# compute, so more workers than cores pays off.
+PYTEST_WORKERS ?= 3
 
-.PHONY: setup services demo test lint typecheck typecheck-tree generate-check pytest bench clean
+.PHONY: setup services demo test test-fast lint lint-imports typecheck typecheck-tree \
+        generate-check pytest bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,19 +55,40 @@ typecheck-tree: $(STAMP)
 	for entry in redline/*; do ln -s "$$PWD/$$entry" build/typecheck/redline/; done
 	for pkg in slo rules dashboards exporters remediation; do ln -s "$$PWD/$$pkg" build/typecheck/redline/$$pkg; done
 
+# The cache lives beside the tree, which is laid anew each time.
 typecheck: typecheck-tree
-	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml -p redline
+	cd build/typecheck && ../../$(VENV)/bin/mypy --config-file ../../pyproject.toml \
+	  --cache-dir ../mypy-cache -p redline
+
+# The layers contract of pyproject.toml ([tool.importlinter]), over the same tree: import-linter
+# finds `redline` on PYTHONPATH there, with every package-dir package in place.
+lint-imports: typecheck-tree
+	cd build/typecheck && PYTHONPATH=. ../../$(VENV)/bin/lint-imports --no-cache \
+	  --config ../../pyproject.toml
 
 generate-check: $(STAMP)
 	$(REDLINE) generate --check
 
+# Unit and integration tests in parallel workers (a file stays in one worker, so its module
+# fixtures start once), then the e2e drills in one process: they share one local stack and their
+# deadlines must not compete with other tests for the cores. Both parts run even if the first
+# fails. Exit 5 (no test ran) passes for one part only if the other ran tests.
 pytest: setup
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	@set +e; \
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --e2e=without $(PYTEST_ARGS); rest=$$?; \
+	$(PYTEST) --e2e=only $(PYTEST_ARGS); e2e=$$?; \
+	if [ $$rest = 5 ] && [ $$e2e = 5 ]; then echo "pytest: no test ran" >&2; exit 5; fi; \
+	for code in $$rest $$e2e; do [ $$code = 0 ] || [ $$code = 5 ] || exit $$code; done
 
-test: setup lint typecheck generate-check pytest
+test: setup lint typecheck generate-check lint-imports pytest
+
+# Under two minutes, and no Debian service needed: unit tests start no process (tests/unit's
+# conftest makes sure of it).
+test-fast: $(STAMP) lint typecheck generate-check lint-imports
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m bench
 
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -25,6 +25,7 @@ from prometheus_client.utils import floatToGoString
 
 from redline.remediation.audit import VerifyResult
 from redline.remediation.jobs import DURATION_BUCKETS
+from redline.slo import catalog
 
 
 @dataclass
@@ -47,30 +48,31 @@ class WebhookCounters:
             return dict(self.alerts), self.duplicates
 
 
+def _counter(metric: catalog.Metric, value: float | None = None) -> CounterMetricFamily:
+    # Labelled families get their samples added; unlabelled ones are one `value`.
+    if value is None:
+        return CounterMetricFamily(metric.family, metric.help, labels=list(metric.labels))
+    return CounterMetricFamily(metric.family, metric.help, value=value)
+
+
+def _gauge(metric: catalog.Metric, value: float | None = None) -> GaugeMetricFamily:
+    if value is None:
+        return GaugeMetricFamily(metric.family, metric.help, labels=list(metric.labels))
+    return GaugeMetricFamily(metric.family, metric.help, value=value)
+
+
 def build_families(
     alerts: Mapping[str, int], duplicates: int, runs: Mapping[str, str] | None
 ) -> list[Metric]:
     """Metric families from the webhook counters and the raw run-metrics hash (None: unknown)."""
-    alerts_family = CounterMetricFamily(
-        "redline_webhook_alerts",
-        "Alerts received in valid webhook deliveries, by alert status.",
-        labels=["status"],
-    )
+    alerts_family = _counter(catalog.REDLINE_WEBHOOK_ALERTS_TOTAL)
     for status in sorted({"firing", "resolved", *alerts}):
         alerts_family.add_metric([status], alerts.get(status, 0))
-    duplicates_family = CounterMetricFamily(
-        "redline_webhook_duplicates",
-        "Alerts already recorded (HA peers, retries, repeats): acknowledged, nothing run.",
-        value=duplicates,
-    )
+    duplicates_family = _counter(catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL, duplicates)
     families: list[Metric] = [alerts_family, duplicates_family]
     if runs is None:
         return families
-    runs_family = CounterMetricFamily(
-        "redline_remediation_runs",
-        "Playbook runs by final outcome (succeeded, failed, dry_run) or retry.",
-        labels=["playbook", "outcome"],
-    )
+    runs_family = _counter(catalog.REDLINE_REMEDIATION_RUNS_TOTAL)
     buckets: dict[str, list[int]] = {}
     sums: dict[str, float] = {}
     for name, raw in sorted(runs.items()):
@@ -84,10 +86,9 @@ def build_families(
             counts[int(index)] += int(raw)
         elif kind == "sum":
             sums[rest] = float(raw)
+    duration = catalog.REDLINE_REMEDIATION_DURATION_SECONDS
     duration_family = HistogramMetricFamily(
-        "redline_remediation_duration_seconds",
-        "Duration of playbook runs (one attempt each).",
-        labels=["playbook"],
+        duration.family, duration.help, labels=list(duration.labels)
     )
     for playbook, counts in sorted(buckets.items()):
         cumulative = 0
@@ -113,22 +114,12 @@ def build_audit_families(status: AuditStatus | None) -> list[Metric]:
     """Chain state per copy (1 intact, 0 broken), records per copy, time of the verification."""
     if status is None:
         return []  # never verified (Redis down since start): absent, not "intact"
-    intact = GaugeMetricFamily(
-        "redline_audit_chain_intact",
-        "1 when the copy of the audit trail verifies (hashes, order, head), 0 when it does not.",
-        labels=["copy"],
-    )
-    records = GaugeMetricFamily(
-        "redline_audit_records", "Records in the copy of the audit trail.", labels=["copy"]
-    )
+    intact = _gauge(catalog.REDLINE_AUDIT_CHAIN_INTACT)
+    records = _gauge(catalog.REDLINE_AUDIT_RECORDS)
     for copy, result in sorted(status.copies.items()):
         intact.add_metric([copy], 1.0 if result.ok else 0.0)
         records.add_metric([copy], float(result.count))
-    verified = GaugeMetricFamily(
-        "redline_audit_verified_timestamp_seconds",
-        "When the audit trail was last verified (Unix time).",
-        value=status.verified_at,
-    )
+    verified = _gauge(catalog.REDLINE_AUDIT_VERIFIED_TIMESTAMP_SECONDS, status.verified_at)
     return [intact, records, verified]
 
 

@@ -1,4 +1,10 @@
-"""Shared fixtures: real services started on loopback, on free ports, in temp dirs."""
+"""Shared fixtures (real services started on loopback, on free ports, in temp dirs) and the
+marks every test gets from its directory: `unit`, `integration` or `e2e`.
+
+`--e2e=without` leaves the e2e drills out and `--e2e=only` runs nothing else: `make test` runs
+the rest in parallel workers first, then the drills in one process, since they share one local
+stack and their deadlines must not compete with other tests for the cores.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,51 @@ import pytest
 import redis
 
 from redline.devstack.processes import Service, start_milvus_lite, start_redis
+
+TESTS = Path(__file__).resolve().parent
+KINDS = ("unit", "integration", "e2e")
+"""The test directories; each names the mark its tests get."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--e2e=with|without|only`: run the e2e drills too (default), leave them out, or only them."""
+    parser.addoption(
+        "--e2e",
+        choices=("with", "without", "only"),
+        default="with",
+        help="with (default), without or only the tests under tests/e2e",
+    )
+
+
+def kind_of(item: pytest.Item) -> str | None:
+    """`unit`, `integration` or `e2e`: the directory under tests/ the test lives in."""
+    if not item.path.is_relative_to(TESTS):
+        return None
+    kind = item.path.relative_to(TESTS).parts[0]
+    return kind if kind in KINDS else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by its directory; keep or drop the e2e tests as `--e2e` says."""
+    grouped = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        kind = kind_of(item)
+        if kind is not None:
+            item.add_marker(kind)
+        # The e2e tests share one session-scoped stack: under xdist (`--dist loadgroup`) they
+        # all run in the same worker.
+        if kind == "e2e" and grouped:
+            item.add_marker(pytest.mark.xdist_group("e2e"))
+    wanted = config.getoption("--e2e")
+    if wanted == "with":
+        return
+    keep, dropped = [], []
+    for item in items:
+        is_e2e = kind_of(item) == "e2e"
+        (keep if is_e2e == (wanted == "only") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @pytest.fixture(scope="session")

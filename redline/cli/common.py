@@ -1,4 +1,4 @@
-"""Plumbing shared by the long-running CLI commands: consoles, common options, failing, serving.
+"""Plumbing shared by the CLI's command modules: consoles, common options, failing, serving.
 
 Kept light to import (typer and rich only; uvicorn is imported when a server actually runs) so
 that the lazily loaded command modules can share it without slowing `redline validate`.
@@ -36,11 +36,14 @@ RegionsOpt = Annotated[
 """`redline up` and `redline demo`: one Prometheus per region instead of one."""
 
 
-def fail(message: str) -> typer.Exit:
-    """Print `message` line by line to stderr; the exit (code 2: bad settings) to raise."""
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print `message` line by line to stderr; return the exit to raise (`code`; 2: bad input).
+
+    Usage: `raise fail(str(exc), 1) from None`.
+    """
     for line in message.splitlines():
         err.print(line, markup=False)
-    return typer.Exit(2)
+    return typer.Exit(code)
 
 
 def serve(app: Any, settings: ServiceSettings, port: int, banner: str) -> None:

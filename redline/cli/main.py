@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from redline.cli.common import RegionsOpt
+from redline.cli.common import RegionsOpt, err, fail
 from redline.cli.lazy import LazyGroup
 from redline.generate.outputs import RULES_DIR, build_outputs, diff_outputs, write_outputs
 from redline.generate.toolcheck import ToolMissingError, run_checks
@@ -25,7 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
 SpecArg = Annotated[
     Path | None,
@@ -47,11 +46,9 @@ def load_or_exit(path: Path | None) -> LoadedSpec:
     try:
         loaded = load_spec(path)
     except SpecError as exc:
-        for line in exc.problems:
-            err.print(line, markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail("\n".join(exc.problems)) from None
     for finding in loaded.warnings:
-        err.print(finding.render(loaded.source), markup=False, highlight=False)
+        err.print(finding.render(loaded.source), markup=False)
     return loaded
 
 
@@ -85,9 +82,7 @@ def _generated(spec_path: Path | None, profile: str | None) -> tuple[LoadedSpec,
     try:
         spec = apply_profile(loaded.spec, profile)
     except SpecError as exc:
-        for line in exc.problems:
-            err.print(f"{loaded.source}: {line}", markup=False, highlight=False)
-        raise typer.Exit(2) from None
+        raise fail("\n".join(f"{loaded.source}: {line}" for line in exc.problems)) from None
     return loaded, build_outputs(spec, source_name(loaded))
 
 
@@ -108,7 +103,7 @@ def generate(
         diffs = diff_outputs(out, outputs)
         for path, diff in diffs.items():
             err.print(f"{path}: differs from the spec; run `redline generate`", markup=False)
-            err.print(diff, markup=False, highlight=False)
+            err.print(diff, markup=False)
         if diffs:
             raise typer.Exit(1)
         console.print(f"{len(outputs)} generated files are up to date", markup=False)
@@ -129,8 +124,7 @@ def check(
     try:
         results = run_checks(directory)
     except ToolMissingError as exc:
-        err.print(str(exc), markup=False)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), 3) from None
     for result in results:
         mark = "ok" if result.ok else "FAILED"
         console.print(f"{result.name}: {mark}", markup=False)
@@ -192,8 +186,7 @@ def demo(
     try:
         results = run_checks(out / RULES_DIR)
     except ToolMissingError as exc:
-        err.print(str(exc), markup=False)
-        raise typer.Exit(3) from None
+        raise fail(str(exc), 3) from None
     for result in results:
         console.print(f"{result.name}: {'ok' if result.ok else 'FAILED'}", markup=False)
         if not result.ok:

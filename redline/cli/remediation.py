@@ -18,6 +18,7 @@ import typer
 import uvicorn
 from rich.console import Console
 
+from redline.cli.common import err, fail, out
 from redline.core.settings import SettingsError, load_settings
 from redline.remediation.app import build_receiver_app
 from redline.remediation.audit import (
@@ -47,9 +48,6 @@ audit_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-
 HostOpt = Annotated[str | None, typer.Option("--host", help="Address to listen on.")]
 PortOpt = Annotated[int | None, typer.Option("--port", help=f"Port (default {DEFAULT_PORT}).")]
 RedisOpt = Annotated[str | None, typer.Option("--redis-url", help="Redis of the job store.")]
@@ -82,16 +80,14 @@ def _settings(config: Path | None, **overrides: Any) -> RemediationSettings:
     try:
         return load_settings(RemediationSettings, config, **overrides)
     except SettingsError as exc:
-        _print(err, str(exc))
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
 
 
 def _registry(settings: RemediationSettings) -> PlaybookRegistry:
     try:
         return load_registry(settings.playbooks, settings)
     except RegistryError as exc:
-        _print(err, str(exc))
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
 
 
 def _spec_playbooks(value: Any) -> set[str]:
@@ -113,9 +109,7 @@ def _check_spec(settings: RemediationSettings, registry: PlaybookRegistry) -> No
     try:
         loaded = load_spec(settings.spec)
     except SpecError as exc:
-        for line in exc.problems:
-            _print(err, line)
-        raise typer.Exit(2) from None
+        raise fail("\n".join(exc.problems)) from None
     missing = sorted(_spec_playbooks(loaded.spec.model_dump()) - set(registry.names()))
     if missing:
         _print(
@@ -166,8 +160,7 @@ def serve(
     try:
         app = build_receiver_app(settings)
     except SettingsError as exc:
-        _print(err, str(exc))
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     stop = threading.Event()
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with these handlers in
     # place that ends here (workers stopped and joined) instead of killing the process.
@@ -239,20 +232,18 @@ def verify(
         try:
             redis_result = AuditLog(client, settings.key_prefix).verify()
         except (redis.RedisError, AuditError) as exc:
-            _print(err, f"{settings.redis_url}: cannot read the audit trail: {exc}")
-            raise typer.Exit(2) from None
+            raise fail(f"{settings.redis_url}: cannot read the audit trail: {exc}") from None
         finally:
             client.close()
-        _print(console if redis_result.ok else err, redis_result.render("redis"))
+        _print(out if redis_result.ok else err, redis_result.render("redis"))
         results.append(redis_result)
     audit_file = settings.audit_file
     if audit_file is not None:
         try:
             file_result = verify_records(read_file_records(audit_file))
         except OSError as exc:
-            _print(err, f"{audit_file}: cannot read: {exc.strerror}")
-            raise typer.Exit(2) from None
-        _print(console if file_result.ok else err, file_result.render(str(audit_file)))
+            raise fail(f"{audit_file}: cannot read: {exc.strerror}") from None
+        _print(out if file_result.ok else err, file_result.render(str(audit_file)))
         results.append(file_result)
         if redis_result is not None:
             both = compare_mirrors(redis_result, file_result, str(audit_file))

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
+import zipfile
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.integration
 
 CHECK = """
 import redline, redline.slo.load as load, redline.rules.build as build, redline.remediation.app
@@ -23,6 +21,17 @@ print("ok", redline.__file__)
 """
 
 
+def packages_on_disk() -> set[str]:
+    """Every `redline.*` package in the source tree, through setuptools' package-dir mapping."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    found = set()
+    for package, directory in config["tool"]["setuptools"]["package-dir"].items():
+        for init in (ROOT / directory).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / directory)
+            found.add(".".join((package, *relative.parts)))
+    return found
+
+
 def test_wheel_imports_cleanly_outside_the_repo(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     subprocess.run(
@@ -31,6 +40,13 @@ def test_wheel_imports_cleanly_outside_the_repo(tmp_path: Path) -> None:
         check=True, capture_output=True,
     )  # fmt: skip
     (wheel,) = wheels.glob("redline-*.whl")
+    packed = {
+        str(Path(name).parent).replace("/", ".")
+        for name in zipfile.ZipFile(wheel).namelist()
+        if name.endswith("/__init__.py")
+    }
+    missing = packages_on_disk() - packed
+    assert not missing, f"not in the wheel (add to [tool.setuptools] packages): {sorted(missing)}"
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),

@@ -16,12 +16,8 @@ from typing import Any
 import httpx
 import yaml
 
-from redline.devstack.fakes.simulator import (
-    ServerThread,
-    SimulatorSettings,
-    build_simulator_app,
-    serve_in_thread,
-)
+from redline.core.servers import ServerThread, serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.remediation.catalog import build_registry
 from redline.remediation.jobs import Job

@@ -22,11 +22,9 @@ from typing import Any
 
 import httpx
 import redis
-import uvicorn
-from fastapi import FastAPI
 from pydantic import SecretStr
 
-from redline.devstack.processes import free_port
+from redline.core.servers import ServerThread, serve_in_thread
 from redline.remediation.app import build_receiver_app
 from redline.remediation.jobs import TERMINAL, Job, JobStore
 from redline.remediation.playbook import (
@@ -240,42 +238,11 @@ def payload(*alerts: dict[str, Any], status: str | None = None) -> dict[str, Any
     }
 
 
-class ReceiverServer:
-    """The receiver app on uvicorn, on a loopback port, in a thread."""
-
-    def __init__(self, app: FastAPI, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=self.port,
-            lifespan="on",
-            log_config=None,
-            access_log=False,
-            ws="none",
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
-
-    def __enter__(self) -> ReceiverServer:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @contextmanager
-def receiver(settings: RemediationSettings, port: int | None = None) -> Iterator[ReceiverServer]:
-    """A running receiver for `settings` (token TOKEN)."""
-    with ReceiverServer(build_receiver_app(settings, token=SecretStr(TOKEN)), port) as server:
+def receiver(settings: RemediationSettings, port: int = 0) -> Iterator[ServerThread]:
+    """A running receiver for `settings` (token TOKEN) on loopback; `port` 0: a free one."""
+    app = build_receiver_app(settings, token=SecretStr(TOKEN))
+    with serve_in_thread(app, port=port, log_config=None, access_log=False, ws="none") as server:
         yield server
 
 

@@ -30,6 +30,7 @@ from redline.remediation.audit import (
     record_hash,
     verify_records,
 )
+from redline.slo import catalog
 from tests.support.remediation import (
     REPO,
     alert,
@@ -41,8 +42,6 @@ from tests.support.remediation import (
     wait_terminal,
     workers,
 )
-
-pytestmark = pytest.mark.integration
 
 PREFIX = "redline:remediation"
 KEYS = AuditKeys.for_prefix(PREFIX)
@@ -240,13 +239,18 @@ def test_verify_records_reports_non_records() -> None:
     assert (other.ok, other.index) == (False, 0) and "not an audit record" in other.reason
 
 
+INTACT = catalog.REDLINE_AUDIT_CHAIN_INTACT
+RECORDS = catalog.REDLINE_AUDIT_RECORDS
+VERIFIED = catalog.REDLINE_AUDIT_VERIFIED_TIMESTAMP_SECONDS
+
+
 def _audit_metrics(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
     values = {}
     for family in text_string_to_metric_families(text):
-        if family.name.startswith("redline_audit"):
+        if family.name in {INTACT.name, RECORDS.name, VERIFIED.name}:
             for sample in family.samples:
                 copy = sample.labels.get("copy")
                 values[f"{sample.name}{'/' + copy if copy else ''}"] = sample.value
@@ -265,25 +269,22 @@ def test_metrics_show_the_chain_state_of_both_copies_and_catch_tampering(
         post(server.url, payload(alert("0000000000000ab1"), alert("0000000000000ab2")))
         time.sleep(0.3)
         first = _audit_metrics(server.url)
-        assert first["redline_audit_chain_intact/redis"] == 1.0
-        assert first["redline_audit_chain_intact/file"] == 1.0
-        assert first["redline_audit_records/redis"] == first["redline_audit_records/file"] >= 2
-        assert abs(first["redline_audit_verified_timestamp_seconds"] - time.time()) < 5
+        assert first[f"{INTACT}/redis"] == 1.0
+        assert first[f"{INTACT}/file"] == 1.0
+        assert first[f"{RECORDS}/redis"] == first[f"{RECORDS}/file"] >= 2
+        assert abs(first[str(VERIFIED)] - time.time()) < 5
 
         cached = _audit_metrics(server.url)  # within the interval: the same verification
-        assert (
-            cached["redline_audit_verified_timestamp_seconds"]
-            == (first["redline_audit_verified_timestamp_seconds"])
-        )
+        assert cached[str(VERIFIED)] == first[str(VERIFIED)]
 
         record = json.loads(cast(str, client.lindex(KEYS.records, 0)))
         record["data"] = {"edited": True}
         client.lset(KEYS.records, 0, json.dumps(record))
         time.sleep(0.3)
         edited = _audit_metrics(server.url)
-        assert edited["redline_audit_chain_intact/redis"] == 0.0
+        assert edited[f"{INTACT}/redis"] == 0.0
 
         lines = read_file_records(file)
         _write(file, lines[1:])
         time.sleep(0.3)
-        assert _audit_metrics(server.url)["redline_audit_chain_intact/file"] == 0.0
+        assert _audit_metrics(server.url)[f"{INTACT}/file"] == 0.0

@@ -34,8 +34,6 @@ from tests.support.remediation import (
     workers,
 )
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture()
 def settings(redis_url: str, tmp_path: Path) -> RemediationSettings:

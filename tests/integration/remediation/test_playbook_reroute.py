@@ -21,8 +21,6 @@ from tests.support.playbook import (
 )
 from tests.support.remediation import alert, iso, wait_for
 
-pytestmark = pytest.mark.integration
-
 BASE = "redline-base"
 SERVED = "x-redline-served-region"
 REROUTED = "x-redline-rerouted"

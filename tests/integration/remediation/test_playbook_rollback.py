@@ -33,8 +33,6 @@ from tests.support.playbook import (
 )
 from tests.support.remediation import alert, store_for, wait_for, wait_terminal
 
-pytestmark = pytest.mark.integration
-
 MODEL = "chat-lora"
 VERSIONS = ("v1", "v2", "v3", "v4")
 

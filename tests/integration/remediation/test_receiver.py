@@ -22,6 +22,7 @@ from redline.cli.remediation import remediation_app
 from redline.devstack.processes import find_binary, free_port, start_redis
 from redline.remediation.jobs import JobStore
 from redline.remediation.settings import RemediationSettings
+from redline.slo import catalog
 from tests.support.remediation import (
     AUTH,
     REGISTRY_REF,
@@ -37,8 +38,6 @@ from tests.support.remediation import (
     wait_terminal,
     workers,
 )
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
@@ -171,9 +170,10 @@ def test_same_payload_three_times_concurrently_runs_the_playbook_once(
     assert [client.get(f"rt:runs:{job_id}") for job_id in ids] == ["1", "1"]
     assert client.get("rt:runs:total") == "2"
     assert client.zcard(job_store.keys.index) == 2
-    assert "redline_webhook_duplicates_total 6.0" in metrics
-    assert 'redline_webhook_alerts_total{status="firing"} 8.0' in metrics
-    assert 'redline_remediation_runs_total{outcome="succeeded",playbook="counter"} 2.0' in metrics
+    assert f"{catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL} 6.0" in metrics
+    assert f'{catalog.REDLINE_WEBHOOK_ALERTS_TOTAL}{{status="firing"}} 8.0' in metrics
+    runs = catalog.REDLINE_REMEDIATION_RUNS_TOTAL
+    assert f'{runs}{{outcome="succeeded",playbook="counter"}} 2.0' in metrics
 
 
 def test_payload_replayed_after_a_receiver_restart_still_runs_once(
@@ -331,15 +331,16 @@ def test_metrics_exposition_is_valid_and_has_no_created_series(
         response = httpx.get(f"{server.url}/metrics")
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
+    duration = catalog.REDLINE_REMEDIATION_DURATION_SECONDS
     for family in (
-        "redline_webhook_alerts_total",
-        "redline_webhook_duplicates_total",
-        "redline_remediation_runs_total",
-        "redline_remediation_duration_seconds_bucket",
+        catalog.REDLINE_WEBHOOK_ALERTS_TOTAL.name,
+        catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL.name,
+        catalog.REDLINE_REMEDIATION_RUNS_TOTAL.name,
+        duration.bucket,
     ):
         assert family in text
     assert "_created" not in text
-    assert 'redline_remediation_duration_seconds_count{playbook="counter"} 1.0' in text
+    assert f'{duration.count}{{playbook="counter"}} 1.0' in text
     lint = subprocess.run(
         [find_binary("promtool"), "check", "metrics"], input=text.encode(), capture_output=True
     )

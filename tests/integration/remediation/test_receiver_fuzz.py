@@ -37,7 +37,7 @@ from redline.remediation.jobs import JobStore
 from redline.remediation.settings import RemediationSettings
 from tests.support.remediation import AUTH, TOKEN, make_settings, receiver, store_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 FUZZ = settings(
     deadline=None,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from redline.slo import catalog
+
 REDLINE = shutil.which("redline") or str(Path(sys.executable).with_name("redline"))
 
 
@@ -73,10 +75,8 @@ def test_generate_then_check_is_clean_and_detects_edits(tmp_path: Path) -> None:
     dirty = run("generate", "--out", str(tmp_path), "--check")
     assert dirty.returncode == 1
     assert "rules/generated/redline.rules.yml: differs from the spec" in dirty.stderr
-    assert (
-        "-    expr: max by (collection, replica) (vectordb_index_staleness_seconds) > 13"
-        in dirty.stderr
-    )
+    staleness = catalog.VECTORDB_INDEX_STALENESS_SECONDS
+    assert f"-    expr: max by (collection, replica) ({staleness}) > 13" in dirty.stderr
 
 
 def test_generate_with_unknown_profile_exits_2(tmp_path: Path) -> None:
