@@ -1,8 +1,10 @@
-"""HTTP helpers the playbooks share: model discovery, dry-run health probes, vLLM's LoRA API.
+"""HTTP client of an OpenAI-compatible serving endpoint (vLLM and compatible servers): model
+discovery, dry-run health probes, vLLM's LoRA adapter API.
 
-Playbooks reach the serving layer over HTTP only (they never import the gateway). Transport
-failures and 5xx answers raise `TransientError` (the job is retried with backoff); a 4xx is the
-server's considered answer and is returned to the caller to judge.
+Callers (the remediation playbooks) reach the serving layer over HTTP only, never by importing
+the gateway. Transport failures and 5xx answers raise `redline.core.errors.TransientError` (a
+remediation job is then retried with backoff); a 4xx is the server's considered answer and is
+returned to the caller to judge.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ CHAT_PATH = "/v1/chat/completions"
 
 
 class ServingError(Exception):
-    """A server answered something the playbook cannot use (4xx, malformed body)."""
+    """A server answered something the caller cannot use (4xx, malformed body)."""
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,33 @@
-"""The vector index's write path: delta log, Milvus targets, writer, replicator, replay, verify."""
+"""The vector index's write path: delta log, Milvus targets, writer, replicator, replay, verify.
+
+Modules, bottom up: `errors`, `entries` (the log's entry format, pure), `deltalog` (the Redis
+Stream, freeze flag and checkpoints), `settings` (where the copies live), `milvus` (one copy on
+Milvus), `apply` (conflict resolution and batches), `writer` (IndexWriter, freeze, unfreeze),
+`replicator`, `verify`, `replay`. Import from this package; the modules are its layout.
+"""
 
 from __future__ import annotations
 
+from redline.platform.index.apply import BatchResult, DeltaApplier, Resolution, build_resolution
 from redline.platform.index.deltalog import (
+    DeltaLog,
+    FreezeState,
+    LogInfo,
+    TargetState,
+    new_token,
+)
+from redline.platform.index.entries import (
     ID_PATTERN,
     REGION_PATTERN,
     ZERO_ID,
-    DeltaLog,
-    DeltaLogError,
     Entry,
-    FreezeState,
-    LeaseLostError,
-    LogInfo,
     Op,
-    TargetState,
     Vector,
     Version,
     build_fields,
     check_id,
     check_region,
     format_stream_id,
-    new_token,
     parse_entry,
     parse_packed,
     parse_packed_at,
@@ -29,30 +36,24 @@ from redline.platform.index.deltalog import (
     to_vector,
     vector_checksum,
 )
-from redline.platform.index.milvus import (
-    ROW_FIELDS,
-    BatchResult,
-    DeltaApplier,
-    IndexConfig,
+from redline.platform.index.errors import (
+    DeltaLogError,
     IndexSchemaError,
-    IndexTargetsFields,
-    IndexWriter,
     LeaseBusyError,
-    MilvusTarget,
-    PrimaryApplyError,
-    ReplayReport,
-    Replicator,
-    Resolution,
-    RowState,
-    TargetSpec,
+    LeaseLostError,
     VectorIndexError,
-    VerifyReport,
+)
+from redline.platform.index.milvus import ROW_FIELDS, MilvusTarget, RowState, connect_milvus
+from redline.platform.index.replay import ReplayReport, replay_delta_log
+from redline.platform.index.replicator import Replicator
+from redline.platform.index.settings import IndexConfig, IndexTargetsFields, TargetSpec
+from redline.platform.index.verify import VerifyReport, verify_range
+from redline.platform.index.writer import (
+    IndexWriter,
+    PrimaryApplyError,
     WriteAck,
-    build_resolution,
     freeze_writes,
-    replay_delta_log,
     unfreeze_writes,
-    verify_range,
 )
 
 __all__ = [
@@ -91,6 +92,7 @@ __all__ = [
     "build_resolution",
     "check_id",
     "check_region",
+    "connect_milvus",
     "format_stream_id",
     "freeze_writes",
     "new_token",

@@ -28,8 +28,6 @@ from redline.platform.sessions import (
     trim_acknowledged,
 )
 
-pytestmark = pytest.mark.integration
-
 
 def wait_for(condition: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
     """Poll until `condition` holds; fail the test naming `what` otherwise."""

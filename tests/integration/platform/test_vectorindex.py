@@ -29,8 +29,6 @@ from redline.platform.index import (
 )
 from tests.support.index import OpenIndex, close_index, open_index
 
-pytestmark = pytest.mark.integration
-
 DIM = 16
 
 

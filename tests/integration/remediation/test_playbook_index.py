@@ -41,8 +41,6 @@ from tests.support.playbook import (
 )
 from tests.support.remediation import alert, store_for, wait_for, wait_terminal
 
-pytestmark = pytest.mark.integration
-
 DIM = 8
 Vectors = npt.NDArray[np.float32]
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -72,22 +68,6 @@ def test_embedding_is_unit_length_and_deterministic() -> None:
     assert np.array_equal(vector, embed("the capital of france is paris"))
     assert not embed("").any()  # an empty text has no n-grams
     assert cosine(embed(""), vector) == 0.0
-
-
-def test_embedding_does_not_depend_on_the_process_hash_seed() -> None:
-    code = (
-        "from redline.platform.golden import embed;"
-        "print(','.join(f'{x:.12f}' for x in embed('17 + 25 = 42.')))"
-    )
-    outputs = set()
-    for seed in ("1", "2"):
-        env = {**os.environ, "PYTHONHASHSEED": seed}
-        result = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        outputs.add(result.stdout)
-    here = ",".join(f"{x:.12f}" for x in embed("17 + 25 = 42."))
-    assert outputs == {here + "\n"}
 
 
 def test_similarity_orders_answers_by_surface_overlap() -> None:
