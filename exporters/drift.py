@@ -53,6 +53,7 @@ from redline.exporters.drift_stats import (
     effective_window_size,
 )
 from redline.exporters.probe import MetricDef, Sample
+from redline.platform.index import connect_milvus
 from redline.slo import catalog
 from redline.slo.spec import Drift
 
@@ -146,7 +147,7 @@ def fetch_milvus_vectors(
     timeout_seconds: float = 30.0,
 ) -> list[Any]:
     """Read up to `limit` vectors of a collection with a query iterator."""
-    client = MilvusClient(uri=uri, token=token, timeout=timeout_seconds)
+    client = connect_milvus(uri, token, timeout_seconds)
     try:
         iterator = client.query_iterator(
             collection,
@@ -187,7 +188,7 @@ class MilvusWindow:
         """Up to `count` newest vectors (by `time_field`), newest first."""
         if not 0 < count <= MILVUS_QUERY_WINDOW // 2:
             raise DriftError(f"window of {count}: expected 1..{MILVUS_QUERY_WINDOW // 2}")
-        client = MilvusClient(uri=self.uri, token=self.token, timeout=self.timeout_seconds)
+        client = connect_milvus(self.uri, self.token, self.timeout_seconds)
         try:
             cutoff = self._cutoff(client, count)
             if cutoff is None:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
+from redline.cli.common import err, fail, out
 from redline.core.settings import SettingsError
 from redline.exporters.settings import ExporterSettings, load_exporter_settings
 from redline.platform.snapshots import (
@@ -25,9 +25,6 @@ from redline.platform.snapshots import (
 )
 from redline.slo.load import SpecError, apply_profile, load_spec
 from redline.slo.spec import Spec
-
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 snapshot_app = typer.Typer(
     name="snapshot",
@@ -50,17 +47,11 @@ RootOpt = Annotated[
 ]
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    for line in message.splitlines():
-        err.print(line, markup=False)
-    return typer.Exit(code)
-
-
 def _settings(config: Path | None, **overrides: object) -> ExporterSettings:
     try:
         return load_exporter_settings(config, **overrides)
     except SettingsError as exc:
-        raise _fail(str(exc), 2) from None
+        raise fail(str(exc), 2) from None
 
 
 def _spec(settings: ExporterSettings) -> Spec:
@@ -70,7 +61,7 @@ def _spec(settings: ExporterSettings) -> Spec:
             err.print(finding.render(loaded.source), markup=False)
         return apply_profile(loaded.spec, settings.profile)
     except SpecError as exc:
-        raise _fail("\n".join(exc.problems), 2) from None
+        raise fail("\n".join(exc.problems), 2) from None
 
 
 def exporters(
@@ -172,7 +163,7 @@ def snapshot_create(
         if activate:
             registry.activate(model, snapshot.snapshot_id)
     except SnapshotError as exc:
-        raise _fail(str(exc), 1) from None
+        raise fail(str(exc), 1) from None
     out.print(snapshot.snapshot_id, markup=False)
 
 
@@ -198,18 +189,18 @@ def snapshot_verify(
     """Recompute the hashes (exit 1 on mismatch); with --p99 and --accuracy, mark verified."""
     registry = _registry(root, config)
     if (p99 is None) != (accuracy is None):
-        raise _fail("--p99 and --accuracy go together: both or neither", 2)
+        raise fail("--p99 and --accuracy go together: both or neither", 2)
     try:
         if snapshot_id is None:
             active = registry.active(model)
             if active is None:
-                raise _fail(f"{model}: no active snapshot; name one", 1)
+                raise fail(f"{model}: no active snapshot; name one", 1)
             snapshot = active
         else:
             snapshot = registry.get(model, snapshot_id)
         problems = registry.check(snapshot)
         if problems:
-            raise _fail("\n".join(f"{snapshot.snapshot_id}: {p}" for p in problems), 1)
+            raise fail("\n".join(f"{snapshot.snapshot_id}: {p}" for p in problems), 1)
         if p99 is not None and accuracy is not None:
             answers = _answers(reference_answers)
             baselines = Baselines(
@@ -217,9 +208,9 @@ def snapshot_verify(
             )
             snapshot = registry.mark_verified(model, snapshot.snapshot_id, baselines)
     except SnapshotError as exc:
-        raise _fail(str(exc), 1) from None
+        raise fail(str(exc), 1) from None
     except ValueError as exc:  # pydantic's ValidationError of the baselines
-        raise _fail(f"baselines: {exc}", 2) from None
+        raise fail(f"baselines: {exc}", 2) from None
     out.print(f"{snapshot.snapshot_id}: ok", markup=False)
 
 
@@ -229,9 +220,9 @@ def _answers(path: Path | None) -> dict[str, str]:
     try:
         data = json.loads(path.read_text("utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise _fail(f"{path}: cannot read reference answers: {exc}", 2) from None
+        raise fail(f"{path}: cannot read reference answers: {exc}", 2) from None
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise _fail(f"{path}: expected a JSON object of prompt id -> answer text", 2)
+        raise fail(f"{path}: expected a JSON object of prompt id -> answer text", 2)
     return {str(k): v for k, v in data.items()}
 
 
@@ -287,7 +278,7 @@ def snapshot_activate(
     try:
         pointer = registry.activate(model, snapshot_id, verify=verify)
     except SnapshotError as exc:
-        raise _fail(str(exc), 1) from None
+        raise fail(str(exc), 1) from None
     previous = pointer.previous_snapshot_id or "(none)"
     out.print(f"{model}: active {pointer.snapshot_id} (was {previous})", markup=False)
 
@@ -304,7 +295,7 @@ def snapshot_checkpoint(
     try:
         record = registry.record_checkpoint(adapter, path=path)
     except SnapshotError as exc:
-        raise _fail(str(exc), 1) from None
+        raise fail(str(exc), 1) from None
     out.print(f"{adapter}: checkpoint at {_when(record.last_success)}", markup=False)
 
 

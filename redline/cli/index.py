@@ -16,21 +16,20 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import numpy as np
 import redis
 import typer
-from pydantic import Field, PositiveFloat, PositiveInt, SecretStr
 from pymilvus import MilvusException
-from rich.console import Console
 
-from redline.core.settings import ServiceSettings, SettingsError, load_settings, read_secret
+from redline.cli.common import err, fail, out
+from redline.core.settings import SettingsError, load_settings, read_secret
 from redline.platform.index import (
     DeltaLog,
     DeltaLogError,
     IndexConfig,
-    IndexTargetsFields,
+    IndexSettings,
     IndexWriter,
     MilvusTarget,
     Replicator,
@@ -40,9 +39,6 @@ from redline.platform.index import (
     unfreeze_writes,
 )
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
-
 index_app = typer.Typer(
     name="index",
     help="Vector index write path: replicator, delta-log replay, write freeze, status.",
@@ -50,23 +46,6 @@ index_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-
-class IndexSettings(IndexTargetsFields, ServiceSettings):
-    """Settings of the index commands (flags > `REDLINE_*` env > `--config` file > defaults)."""
-
-    collection: str = Field("documents", description="Logical collection (names the delta log).")
-    dim: PositiveInt = Field(384, description="Vector dimension.")
-    region: str = Field("primary", description="Region this process writes as.")
-    milvus_token: SecretStr | None = Field(None, description="Milvus token (env or token file).")
-    milvus_timeout_seconds: PositiveFloat = Field(10.0, description="Timeout of Milvus calls.")
-    batch_size: PositiveInt = Field(500, description="Delta-log entries applied per batch.")
-    poll_interval_seconds: PositiveFloat = Field(0.1, description="Replicator idle poll interval.")
-    lease_ttl_seconds: PositiveFloat = Field(15.0, description="Lease of an applier on a target.")
-
-    def collection_config(self, token: str = "") -> IndexConfig:
-        """The IndexConfig these settings describe."""
-        return self.index_config(self.collection, self.dim, token, self.region)
 
 
 @dataclass
@@ -131,7 +110,7 @@ def _open(
         token = read_secret(token_file, settings.milvus_token, "milvus token")
         index = settings.collection_config(token.get_secret_value() if token else "")
     except (SettingsError, DeltaLogError) as exc:
-        _fail(str(exc), 2)
+        raise fail(str(exc), 2) from None
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     t = settings.milvus_timeout_seconds
     primary = MilvusTarget(index.primary, index.dim, t, index.metric_type)
@@ -140,17 +119,11 @@ def _open(
         yield _Index(settings, index, client, DeltaLog(client, index.collection, index.dim),
                      primary, replica)  # fmt: skip
     except (redis.RedisError, MilvusException, VectorIndexError, DeltaLogError) as exc:
-        _fail(f"{type(exc).__name__}: {exc}", 1)
+        raise fail(f"{type(exc).__name__}: {exc}", 1) from None
     finally:
         primary.close()
         replica.close()
         client.close()
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    for line in message.splitlines():
-        err.print(line, markup=False)
-    raise typer.Exit(code)
 
 
 def _common(**values: Any) -> dict[str, Any]:

@@ -16,20 +16,14 @@ from types import FrameType
 from typing import Annotated
 
 import typer
-from pydantic import Field, PositiveFloat
 from rich.console import Console
 
-from redline.core.settings import ServiceSettings, SettingsError, load_settings
+from redline.core.settings import SettingsError, load_settings
 from redline.platform.sessions import (
-    DEFAULT_CONSUMER,
-    DEFAULT_GROUP,
-    DEFAULT_KEY_PREFIX,
-    DEFAULT_STREAM,
-    DEFAULT_WRITTEN_KEY,
     REDIS_CONNECTION_ERRORS,
     CdcTargetError,
     ReplicaConsumer,
-    SessionLayout,
+    SessionSettings,
     SessionStoreError,
     SessionWriter,
     measure_cdc_rpo,
@@ -45,23 +39,6 @@ sessions_app = typer.Typer(
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger(__name__)
-
-
-class SessionSettings(ServiceSettings):
-    """Settings of the session commands (`REDLINE_*` env vars or `--config`)."""
-
-    replica_url: str = Field("redis://127.0.0.1:6379/1", description="Replica session store.")
-    session_stream: str = Field(DEFAULT_STREAM, min_length=1, description="CDC stream key.")
-    session_group: str = Field(DEFAULT_GROUP, min_length=1, description="Replica's group.")
-    session_consumer: str = Field(DEFAULT_CONSUMER, min_length=1, description="Consumer name.")
-    session_key_prefix: str = Field(DEFAULT_KEY_PREFIX, min_length=1, description="Key prefix.")
-    session_written_key: str = Field(DEFAULT_WRITTEN_KEY, min_length=1, description="Write ZSET.")
-    session_ttl_seconds: PositiveFloat = Field(1800.0, description="TTL of session context.")
-
-    @property
-    def layout(self) -> SessionLayout:
-        """Where the session state lives."""
-        return SessionLayout(self.session_key_prefix, self.session_stream, self.session_written_key)
 
 
 RedisUrlOpt = Annotated[str | None, typer.Option("--redis-url", help="Primary session store.")]

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from redline.cli.common import RegionsOpt
+from redline.cli.common import RegionsOpt, err, fail, out
 from redline.core.settings import SettingsError, load_settings
 from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.registry import DRILL_ORDER, resolve_names
@@ -47,9 +46,6 @@ from redline.devstack.report import TABLE_WIDTH, DrillBoard, build_report, rende
 from redline.devstack.runtime import UpOptions, start_stack, stop_stack
 from redline.devstack.state import StackState, describe_urls, load_running, state_json
 
-out = Console(soft_wrap=True, highlight=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False)
-
 DEFAULT_RUN_DIR = Path(".redline/run")
 DEFAULT_ARTIFACT = Path(".redline/artifacts/drills.json")
 RunDirOpt = Annotated[
@@ -68,15 +64,13 @@ def _say(line: str) -> None:
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    for line in str(exc).splitlines():
-        err.print(line, markup=False)
-    if isinstance(exc, BinaryMissingError):
-        return typer.Exit(3)
-    if isinstance(exc, StackRunningError):
-        return typer.Exit(4)
-    if isinstance(exc, PortInUseError):
-        return typer.Exit(2)
-    return typer.Exit(1)
+    """The exit for a stack error: 3 binary missing, 4 already running, 2 port taken, else 1."""
+    codes: list[tuple[type[Exception], int]] = [
+        (BinaryMissingError, 3),
+        (StackRunningError, 4),
+        (PortInUseError, 2),
+    ]
+    return fail(str(exc), next((code for kind, code in codes if isinstance(exc, kind)), 1))
 
 
 def parse_ports(values: list[str] | None) -> dict[str, int]:

@@ -23,8 +23,11 @@ from enum import StrEnum
 from typing import Any
 
 import redis
+from pydantic import Field, PositiveFloat
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from redline.core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
 
@@ -587,3 +590,20 @@ def ensure_keyspace_notifications(
     return KeyspaceNotifications(
         True, wanted, f"notify-keyspace-events was {flags!r}, set to {wanted!r}", changed=True
     )
+
+
+class SessionSettings(ServiceSettings):
+    """Settings of the `redline sessions` processes (`REDLINE_*` env vars or `--config`)."""
+
+    replica_url: str = Field("redis://127.0.0.1:6379/1", description="Replica session store.")
+    session_stream: str = Field(DEFAULT_STREAM, min_length=1, description="CDC stream key.")
+    session_group: str = Field(DEFAULT_GROUP, min_length=1, description="Replica's group.")
+    session_consumer: str = Field(DEFAULT_CONSUMER, min_length=1, description="Consumer name.")
+    session_key_prefix: str = Field(DEFAULT_KEY_PREFIX, min_length=1, description="Key prefix.")
+    session_written_key: str = Field(DEFAULT_WRITTEN_KEY, min_length=1, description="Write ZSET.")
+    session_ttl_seconds: PositiveFloat = Field(1800.0, description="TTL of session context.")
+
+    @property
+    def layout(self) -> SessionLayout:
+        """Where the session state lives."""
+        return SessionLayout(self.session_key_prefix, self.session_stream, self.session_written_key)

@@ -46,7 +46,12 @@ from redline.platform.index.errors import (
 from redline.platform.index.milvus import ROW_FIELDS, MilvusTarget, RowState, connect_milvus
 from redline.platform.index.replay import ReplayReport, replay_delta_log
 from redline.platform.index.replicator import Replicator
-from redline.platform.index.settings import IndexConfig, IndexTargetsFields, TargetSpec
+from redline.platform.index.settings import (
+    IndexConfig,
+    IndexSettings,
+    IndexTargetsFields,
+    TargetSpec,
+)
 from redline.platform.index.verify import VerifyReport, verify_range
 from redline.platform.index.writer import (
     IndexWriter,
@@ -66,6 +71,7 @@ __all__ = [
     "ID_PATTERN",
     "IndexConfig",
     "IndexSchemaError",
+    "IndexSettings",
     "IndexTargetsFields",
     "IndexWriter",
     "LeaseBusyError",

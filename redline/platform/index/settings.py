@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, SecretStr
 
+from redline.core.settings import ServiceSettings
 from redline.platform.index.entries import check_id, check_region
 from redline.platform.index.errors import DeltaLogError
 
@@ -80,3 +81,20 @@ class IndexTargetsFields(BaseModel):
             region=region,
             metric_type=self.metric_type,
         )
+
+
+class IndexSettings(IndexTargetsFields, ServiceSettings):
+    """Settings of the `redline index` processes (flags > env > `--config` > defaults)."""
+
+    collection: str = Field("documents", description="Logical collection (names the delta log).")
+    dim: PositiveInt = Field(384, description="Vector dimension.")
+    region: str = Field("primary", description="Region this process writes as.")
+    milvus_token: SecretStr | None = Field(None, description="Milvus token (env or token file).")
+    milvus_timeout_seconds: PositiveFloat = Field(10.0, description="Timeout of Milvus calls.")
+    batch_size: PositiveInt = Field(500, description="Delta-log entries applied per batch.")
+    poll_interval_seconds: PositiveFloat = Field(0.1, description="Replicator idle poll interval.")
+    lease_ttl_seconds: PositiveFloat = Field(15.0, description="Lease of an applier on a target.")
+
+    def collection_config(self, token: str = "") -> IndexConfig:
+        """The IndexConfig these settings describe."""
+        return self.index_config(self.collection, self.dim, token, self.region)

@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 import yaml
 
-from redline.cli.index import IndexSettings
-from redline.cli.sessions import SessionSettings
 from redline.core.settings import ServiceSettings, load_settings
 from redline.devstack.config import (
     build_part_commands,
@@ -35,6 +33,8 @@ from redline.devstack.loadgen import LoadgenSettings
 from redline.exporters.settings import load_exporter_settings
 from redline.gateway import GatewaySettings
 from redline.generate.outputs import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
+from redline.platform.index import IndexSettings
+from redline.platform.sessions import SessionSettings
 from redline.remediation.settings import RemediationSettings
 from redline.slo.load import SpecError, apply_profile, load_spec, parse_spec
 from redline.slo.spec import Spec

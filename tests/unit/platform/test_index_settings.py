@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from redline.cli.index import IndexSettings
 from redline.exporters.settings import IndexStalenessSection
-from redline.platform.index import IndexConfig, TargetSpec
+from redline.platform.index import IndexConfig, IndexSettings, TargetSpec
 from redline.remediation.playbook import PlaybookError
 from redline.remediation.playbooks.index import build_index_config
 from redline.remediation.settings import VectorIndexSettings
