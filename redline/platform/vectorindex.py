@@ -5,9 +5,7 @@ Importing this module is quiet; each name taken from it warns with its new path.
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
+from redline.core.deprecation import moved_names
 from redline.platform import index
 
 _MOVED = frozenset(
@@ -55,20 +53,4 @@ _MOVED = frozenset(
 )
 """Every public name the module had before it moved."""
 
-
-def __getattr__(name: str) -> Any:
-    """The moved object, with a DeprecationWarning naming its new path."""
-    if name not in _MOVED:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} moved: import it from redline.platform.index "
-        f"({__name__} goes in the next release)",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(index, name)
-
-
-def __dir__() -> list[str]:
-    """The moved names (for completion)."""
-    return sorted(_MOVED)
+__getattr__, __dir__ = moved_names(__name__, index, _MOVED)
