@@ -3,7 +3,6 @@ leaves the old state, and concurrent writer processes get unique sequences."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
@@ -12,20 +11,7 @@ from pathlib import Path
 import pytest
 
 from redline.platform.snapshots import SnapshotRegistry
-
-MODEL = "org/chat-7b"
-
-
-def _artifacts(base: Path, version: str) -> tuple[Path, Path]:
-    """A LoRA-like adapter directory (weights) and a config file for one version."""
-    weights = base / f"adapter-{version}"
-    weights.mkdir(parents=True)
-    (weights / "adapter_model.safetensors").write_bytes(f"weights of {version}".encode() * 1000)
-    (weights / "nested").mkdir()
-    (weights / "nested" / "extra.bin").write_bytes(b"\x00\x01" * 10)
-    config = base / f"config-{version}.json"
-    config.write_text(json.dumps({"r": 8, "version": version}))
-    return weights, config
+from tests.support.snapshots import MODEL, make_artifacts
 
 
 @pytest.fixture()
@@ -58,13 +44,13 @@ def _run_crashing(root: Path, body: str) -> subprocess.CompletedProcess[str]:
 def test_crash_between_temp_write_and_replace_leaves_old_state(
     registry: SnapshotRegistry, tmp_path: Path
 ) -> None:
-    first = registry.create(MODEL, "v1", *_artifacts(tmp_path, "v1"))
-    second = registry.create(MODEL, "v2", *_artifacts(tmp_path, "v2"))
+    first = registry.create(MODEL, "v1", *make_artifacts(tmp_path, "v1"))
+    second = registry.create(MODEL, "v2", *make_artifacts(tmp_path, "v2"))
     registry.activate(MODEL, first.snapshot_id)
 
     result = _run_crashing(registry.root, f"registry.activate({MODEL!r}, {second.snapshot_id!r})")
     assert result.returncode == 17, result.stderr
-    weights, config = _artifacts(tmp_path, "v3")
+    weights, config = make_artifacts(tmp_path, "v3")
     result = _run_crashing(
         registry.root,
         f"registry.create({MODEL!r}, 'v3', Path({str(weights)!r}), Path({str(config)!r}))",

@@ -16,20 +16,7 @@ from redline.platform.snapshots import (
     SnapshotRegistry,
     hash_path,
 )
-
-MODEL = "org/chat-7b"
-
-
-def _artifacts(base: Path, version: str) -> tuple[Path, Path]:
-    """A LoRA-like adapter directory (weights) and a config file for one version."""
-    weights = base / f"adapter-{version}"
-    weights.mkdir(parents=True)
-    (weights / "adapter_model.safetensors").write_bytes(f"weights of {version}".encode() * 1000)
-    (weights / "nested").mkdir()
-    (weights / "nested" / "extra.bin").write_bytes(b"\x00\x01" * 10)
-    config = base / f"config-{version}.json"
-    config.write_text(json.dumps({"r": 8, "version": version}))
-    return weights, config
+from tests.support.snapshots import MODEL, make_artifacts
 
 
 def _baselines(p99: float = 0.42, accuracy: float = 0.93) -> Baselines:
@@ -42,7 +29,7 @@ def registry(tmp_path: Path) -> SnapshotRegistry:
 
 
 def test_round_trip_and_idempotent_create(registry: SnapshotRegistry, tmp_path: Path) -> None:
-    weights, config = _artifacts(tmp_path, "v1")
+    weights, config = make_artifacts(tmp_path, "v1")
     created = registry.create(MODEL, "v1", weights, config, adapter="support", created_at=100.0)
     assert created.weights_sha256 == hash_path(weights)
     assert created.config_sha256 == hash_path(config)
@@ -68,7 +55,7 @@ def test_round_trip_and_idempotent_create(registry: SnapshotRegistry, tmp_path: 
 def test_list_is_newest_first(registry: SnapshotRegistry, tmp_path: Path) -> None:
     ids = []
     for version in ("v1", "v2", "v3"):
-        weights, config = _artifacts(tmp_path, version)
+        weights, config = make_artifacts(tmp_path, version)
         ids.append(registry.create(MODEL, version, weights, config).snapshot_id)
     listed = registry.list(MODEL)
     assert [s.snapshot_id for s in listed] == ids[::-1]
@@ -77,7 +64,7 @@ def test_list_is_newest_first(registry: SnapshotRegistry, tmp_path: Path) -> Non
 
 
 def test_directory_hash_changes_with_any_file(tmp_path: Path) -> None:
-    weights, _ = _artifacts(tmp_path, "v1")
+    weights, _ = make_artifacts(tmp_path, "v1")
     before = hash_path(weights)
     (weights / "nested" / "extra.bin").write_bytes(b"\x00\x02" * 10)
     assert hash_path(weights) != before
@@ -88,7 +75,7 @@ def test_directory_hash_changes_with_any_file(tmp_path: Path) -> None:
 
 
 def test_tampered_weights_are_detected(registry: SnapshotRegistry, tmp_path: Path) -> None:
-    weights, config = _artifacts(tmp_path, "v1")
+    weights, config = make_artifacts(tmp_path, "v1")
     snapshot = registry.create(MODEL, "v1", weights, config)
     assert registry.verify(snapshot)
     blob = weights / "adapter_model.safetensors"
@@ -113,8 +100,8 @@ def test_activate_switches_pointer_and_remembers_previous(
     registry: SnapshotRegistry, tmp_path: Path
 ) -> None:
     assert registry.active(MODEL) is None
-    first = registry.create(MODEL, "v1", *_artifacts(tmp_path, "v1"))
-    second = registry.create(MODEL, "v2", *_artifacts(tmp_path, "v2"))
+    first = registry.create(MODEL, "v1", *make_artifacts(tmp_path, "v1"))
+    second = registry.create(MODEL, "v2", *make_artifacts(tmp_path, "v2"))
     pointer = registry.activate(MODEL, first.snapshot_id, when=10.0)
     assert pointer.previous_snapshot_id is None
     pointer = registry.activate(MODEL, second.snapshot_id, when=20.0)
@@ -130,7 +117,7 @@ def test_previous_verified_picks_newest_intact_verified_older_snapshot(
 ) -> None:
     snaps = {}
     for version in ("v1", "v2", "v3", "v4", "v5", "v6"):
-        snaps[version] = registry.create(MODEL, version, *_artifacts(tmp_path, version))
+        snaps[version] = registry.create(MODEL, version, *make_artifacts(tmp_path, version))
     for version in ("v1", "v2", "v3", "v6"):
         registry.mark_verified(MODEL, snaps[version].snapshot_id, _baselines())
     # v3 verified but its weights changed since; v4 never verified; v5 is active; v6 newer.
@@ -148,8 +135,8 @@ def test_previous_verified_picks_newest_intact_verified_older_snapshot(
 def test_corrupt_and_missing_files_give_clear_errors(
     registry: SnapshotRegistry, tmp_path: Path
 ) -> None:
-    good = registry.create(MODEL, "v1", *_artifacts(tmp_path, "v1"))
-    bad = registry.create(MODEL, "v2", *_artifacts(tmp_path, "v2"))
+    good = registry.create(MODEL, "v1", *make_artifacts(tmp_path, "v1"))
+    bad = registry.create(MODEL, "v2", *make_artifacts(tmp_path, "v2"))
     bad_path = registry.root / "models" / "org%2Fchat-7b" / "snapshots" / f"{bad.snapshot_id}.json"
     bad_path.write_text(bad_path.read_text()[:40])
     with pytest.raises(SnapshotCorruptError, match="malformed JSON") as caught:
