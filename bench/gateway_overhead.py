@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,28 +21,15 @@ from pathlib import Path
 
 import httpx
 
-from redline.devstack.processes import free_port, start_redis
+from redline.devstack.processes import Service, free_port, http_ok, start_redis, start_service
 
 TARGET_ADDED_P50_MS = 2.0
 
 
-def _start(argv: list[str], log: Path, url: str) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-        )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{argv[3]} exited: {log.read_text()}")
-        try:
-            if httpx.get(url, timeout=0.5).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"{argv[3]} not ready: {log.read_text()}")
+def _start(name: str, argv: list[str], log: Path, port: int) -> Service:
+    """Spawn a server with the devstack spawner and wait for its `/healthz`."""
+    ready = http_ok(f"http://127.0.0.1:{port}/healthz", timeout=0.5)
+    return start_service(name, argv, log, port, ready, timeout=20)
 
 
 def redline(*args: str) -> list[str]:
@@ -127,17 +113,19 @@ def main(argv: list[str] | None = None) -> None:
         redis = start_redis(root / "redis")
         sim_port, gw_port = free_port(), free_port()
         sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
-        processes: list[subprocess.Popen[bytes]] = []
+        processes: list[Service] = []
         try:
             processes.append(
                 _start(
+                    "simulator",
                     redline("simulate", "upstream", "--region", "primary", "--port", str(sim_port)),
                     root / "simulator.log",
-                    f"{sim_url}/healthz",
+                    sim_port,
                 )
             )
             processes.append(
                 _start(
+                    "gateway",
                     redline(
                         "gateway",
                         "--port",
@@ -148,11 +136,11 @@ def main(argv: list[str] | None = None) -> None:
                         f"primary={sim_url}",
                     ),
                     root / "gateway.log",
-                    f"{gw_url}/healthz",
+                    gw_port,
                 )
             )
             runs = []
-            pids = (processes[0].pid, processes[1].pid)
+            pids = (processes[0].process.pid, processes[1].process.pid)
             with httpx.Client(timeout=10.0, trust_env=False) as client:
                 for stream in (False, True):
                     runs.append(
@@ -167,13 +155,7 @@ def main(argv: list[str] | None = None) -> None:
                     )
         finally:
             for process in processes:
-                process.terminate()
-            for process in processes:
-                try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                process.stop()
             redis.stop()
 
     print(f"gateway overhead, {args.requests} requests per side and mode, one keep-alive client")

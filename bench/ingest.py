@@ -19,7 +19,6 @@ import asyncio
 import itertools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,10 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import redis
 
-from redline.devstack.processes import free_port, start_redis
+from redline.devstack.processes import Service, free_port, http_ok, start_redis, start_service
 
 TARGET_ALERTS_PER_SECOND = 2000
 TOKEN = "bench-webhook-token"
@@ -90,21 +88,6 @@ def _cpu_seconds(pid: int) -> float | None:
     except (OSError, IndexError):
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _wait_ready(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()}")
-        try:
-            if httpx.get(url, timeout=0.5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    process.kill()
-    raise RuntimeError(f"server not ready: {log.read_text()}")
 
 
 def _payload_template(alerts: int) -> bytes:
@@ -230,14 +213,10 @@ def _merge(results: list[Result]) -> Result:
     return merged
 
 
-def _start(argv: list[str], log: Path, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **env},
-        )  # fmt: skip
-    _wait_ready(process, f"http://127.0.0.1:{port}/healthz", log)
-    return process
+def _start(name: str, argv: list[str], log: Path, port: int, env: dict[str, str]) -> Service:
+    """Spawn a server with the devstack spawner and wait for its `/healthz`."""
+    ready = http_ok(f"http://127.0.0.1:{port}/healthz", timeout=0.5)
+    return start_service(name, argv, log, port, ready, timeout=60, env={**os.environ, **env})
 
 
 def _row(result: Result, ceiling: Result | None) -> str:
@@ -271,32 +250,33 @@ def main(argv: list[str] | None = None) -> None:
         token_file = root / "token"
         token_file.write_text(TOKEN)
         receiver_port, bare_port = free_port(), free_port()
-        processes: list[subprocess.Popen[bytes]] = []
+        processes: list[Service] = []
         try:
             receiver = _start(
-                [sys.executable, "-m", "redline.cli", "remediation", "--workers", "0",
+                "receiver", [sys.executable, "-m", "redline.cli", "remediation", "--workers", "0",
                  "--port", str(receiver_port), "--redis-url", redis_service.extra["url"],
                  "--token-file", str(token_file)],
                 root / "receiver.log", receiver_port, {"REDLINE_LOG_LEVEL": "warning"},
             )  # fmt: skip
             processes.append(receiver)
             bare = _start(
-                [sys.executable, "-c", BARE_APP, str(bare_port)], root / "bare.log", bare_port, {}
-            )
+                "bare", [sys.executable, "-c", BARE_APP, str(bare_port)], root / "bare.log",
+                bare_port, {},
+            )  # fmt: skip
             processes.append(bare)
             runs: dict[str, list[Result]] = {"bare": [], "receiver": [], "batch": []}
             for _ in range(args.rounds):
                 runs["bare"].append(
-                    _run_round(bare.pid, bare_port, args.clients, 1, args.seconds, serial,
+                    _run_round(bare.process.pid, bare_port, args.clients, 1, args.seconds, serial,
                                "bare FastAPI (ceiling)")
                 )  # fmt: skip
                 runs["receiver"].append(
-                    _run_round(receiver.pid, receiver_port, args.clients, 1, args.seconds,
+                    _run_round(receiver.process.pid, receiver_port, args.clients, 1, args.seconds,
                                serial, "redline receiver")
                 )  # fmt: skip
             runs["batch"].append(
-                _run_round(receiver.pid, receiver_port, args.clients, args.batch, args.seconds,
-                           serial, "redline receiver, grouped")
+                _run_round(receiver.process.pid, receiver_port, args.clients, args.batch,
+                           args.seconds, serial, "redline receiver, grouped")
             )  # fmt: skip
             client = redis.Redis.from_url(redis_service.extra["url"], decode_responses=True)
             try:
@@ -306,8 +286,7 @@ def main(argv: list[str] | None = None) -> None:
                 client.close()
         finally:
             for process in processes:
-                process.terminate()
-                process.wait(timeout=15)
+                process.stop(timeout=15)
             redis_service.stop()
     bare_result = _merge(runs["bare"])
     receiver_result = _merge(runs["receiver"])
