@@ -73,7 +73,7 @@ def gateway_like(spec: Spec, combos: int, seed: int = 1) -> tuple[Histogram, Cou
         duration.family,
         duration.help,
         duration.labels,
-        buckets=spec.sources.histogram_buckets,
+        buckets=spec.sources.buckets,
         registry=None,
     )
     requests = Counter(

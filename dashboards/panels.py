@@ -170,7 +170,10 @@ def model_matcher() -> str:
 def build_variables(spec: Spec, names: Sequence[str]) -> list[Template]:
     """`$datasource` first, then the label variables the dashboard filters on."""
     queries = {
-        "region": ("Region", f"label_values({spec.sources.request_duration}_count, region)"),
+        "region": (
+            "Region",
+            f"label_values({spec.sources.resolve().required_name('request_duration')}_count, region)",
+        ),
         "model": ("Model", f"label_values({catalog.MODEL_ACTIVE_INFO}, model)"),
     }
     variables = [

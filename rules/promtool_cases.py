@@ -86,10 +86,10 @@ def histogram(
 ) -> dict[str, str]:
     """Bucket, count and sum series of the latency histogram over `steps` samples; `per_bucket`
     maps a bucket's upper bound to the requests falling in it each step."""
-    base = spec.sources.request_duration
+    base = spec.sources.resolve().required_name("request_duration")
     out: dict[str, str] = {}
     cumulative = 0
-    for bound in spec.sources.histogram_buckets:
+    for bound in spec.sources.buckets:
         cumulative += per_bucket.get(bound, 0)
         out[series(f"{base}_bucket", {**labels, "le": number(bound)})] = counter(cumulative, steps)
     cumulative += per_bucket.get(math.inf, 0)
@@ -102,6 +102,6 @@ def histogram(
 
 def bucket_around(spec: Spec, threshold: float) -> tuple[float, float]:
     """The bucket bound at the threshold and the next one above it."""
-    buckets = sorted(spec.sources.histogram_buckets)
+    buckets = sorted(spec.sources.buckets)
     above = [b for b in buckets if b > threshold]
     return threshold, (above[0] if above else math.inf)

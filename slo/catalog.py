@@ -453,6 +453,16 @@ SLO_OBJECTIVE_RECORD = "redline:slo_objective:ratio"
 SLO_ERROR_BUDGET_REMAINING_RECORD = "redline:slo_error_budget:remaining_ratio"
 
 
+def source_record(series: str) -> str:
+    """The mirror of a canonical series recorded from an engine's own (`redline:source:<name>`).
+
+    Engine profiles (`redline.slo.sources`) map the engine's series and labels onto the catalog's
+    under these names, which can never shadow an engine's own series (vLLM's and SGLang's
+    names contain colons too, but never start with `redline:`).
+    """
+    return f"redline:source:{series}"
+
+
 def quantile_record(base: str, quantile_label: str, window: str) -> str:
     """Per-region latency quantile of the histogram `base`, e.g. `redline:<base>:p99_5m`."""
     return f"redline:{base}:p{quantile_label}_{window}"

@@ -116,7 +116,7 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
 def check_spec(spec: Spec) -> list[Finding]:
     """Cross-field consistency checks that a field-by-field schema cannot express."""
     findings: list[Finding] = []
-    buckets = set(spec.sources.histogram_buckets)
+    buckets = set(spec.sources.buckets)
     thresholds = [("red_lines.latency_p99.threshold_seconds", spec.red_lines.latency_p99)]
     for field, red_line in thresholds:
         if red_line.threshold_seconds not in buckets:

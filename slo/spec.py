@@ -15,7 +15,14 @@ from pydantic import (
     model_validator,
 )
 
-from redline.slo import catalog
+from redline.slo.sources import (
+    ProfileName,
+    ResolvedSources,
+    SignalName,
+    SourceProfileError,
+    SourceSeries,
+    resolve_sources,
+)
 
 PlaybookName = Literal[
     "semantic_rollback",
@@ -125,6 +132,16 @@ class Rollback(_Model):
     )
     window_seconds: PositiveInt = Field(300, description="Window both signals are measured over.")
     min_samples: PositiveInt = Field(2000, description="...and at least this many requests in it.")
+    min_eval_samples: PositiveInt = Field(
+        100, description="...and at least this many accuracy verdicts (golden or online) in it."
+    )
+    confidence: float = Field(
+        0.95,
+        ge=0.5,
+        lt=1,
+        description="The accuracy leg fires only when the drop exceeds accuracy_drop at this "
+        "one-sided confidence (Wilson score bound on the verdicts).",
+    )
     for_seconds: int = Field(0, ge=0, description="How long the gate must hold before firing.")
     playbook: PlaybookName = Field("semantic_rollback", description="Playbook run when it fires.")
 
@@ -176,6 +193,12 @@ class Slo(_Model):
         None, pattern=r"^[A-Z][A-Za-z0-9]*$", description="Defaults to <Name>ErrorBudgetBurn."
     )
     playbook: PlaybookName | None = Field(None, description="Playbook run on a page.")
+    min_events: int = Field(
+        100,
+        ge=0,
+        description="A burn-rate alert needs at least this many events in its long window: a "
+        "low-traffic service does not page on a handful of failed requests (0 turns it off).",
+    )
 
     @property
     def burn_alert_name(self) -> str:
@@ -205,24 +228,98 @@ class Drift(_Model):
     for_seconds: int = Field(300, ge=0, description="How long drift must last before firing.")
 
 
-class Sources(_Model):
-    """Which series carry each SLI (redline's own exporters by default, or vLLM's)."""
+_MATCHER = re.compile(r'^[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"$')
 
-    request_duration: MetricName = Field(
-        catalog.LLM_REQUEST_DURATION_SECONDS.name,
-        description="End-to-end latency histogram (base name).",
+
+class SeriesOverride(_Model):
+    """The engine series standing for one signal, replacing the profile's choice."""
+
+    names: tuple[MetricName, ...] = Field(
+        min_length=1, description="Series added together (histogram base names for histograms)."
     )
-    requests_total: MetricName = Field(
-        catalog.LLM_REQUESTS_TOTAL.name, description="Request counter."
+    matchers: tuple[str, ...] = Field(
+        (), description='PromQL label matchers on every name, e.g. status="5xx".'
     )
-    errors_total: MetricName = Field(
-        catalog.LLM_REQUEST_ERRORS_TOTAL.name, description="Error counter."
+
+    @field_validator("matchers")
+    @classmethod
+    def _matchers(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for matcher in value:
+            if not _MATCHER.match(matcher):
+                raise ValueError(
+                    f'{matcher!r} is not a PromQL label matcher like status="5xx" '
+                    "(operators =, !=, =~, !~; the value in double quotes)"
+                )
+        return value
+
+
+class Sources(_Model):
+    """Which series carry each SLI: a profile of the serving stack, plus explicit overrides.
+
+    `profile` names the stack (`redline.slo.sources.PROFILES`): redline's own gateway, or the
+    documented metrics of vLLM, SGLang, TGI, NIM or the OpenTelemetry GenAI conventions.
+    """
+
+    profile: ProfileName = Field(
+        "redline-gateway", description="The serving stack whose metrics feed the SLIs."
     )
-    histogram_buckets: tuple[PositiveFloat, ...] = Field(
-        (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0),
+    request_duration: MetricName | None = Field(
+        None, description="Shorthand: the end-to-end latency histogram's base name."
+    )
+    requests_total: MetricName | None = Field(None, description="Shorthand: the request counter.")
+    errors_total: MetricName | None = Field(None, description="Shorthand: the error counter.")
+    histogram_buckets: tuple[PositiveFloat, ...] | None = Field(
+        None,
         min_length=1,
-        description="Buckets of the latency histogram; every latency threshold must be one.",
+        description="Buckets of the latency histogram (default: the profile's); thresholds "
+        "should be buckets.",
     )
+    series: dict[SignalName, SeriesOverride] = Field(
+        default_factory=dict, description="Per signal: the series standing for it."
+    )
+    labels: dict[str, Annotated[str, Field(pattern=_LABEL_NAME.pattern)]] = Field(
+        default_factory=dict,
+        description="Catalog label -> the engine label carrying it (region, model, "
+        "model_version, status).",
+    )
+    model: str | None = Field(
+        None, min_length=1, description="A constant model name, for engines with no model label."
+    )
+
+    def resolve(self) -> ResolvedSources:
+        """The profile with every override applied."""
+        series: dict[str, SourceSeries] = {
+            signal: SourceSeries(override.names, override.matchers)
+            for signal, override in self.series.items()
+        }
+        shorthands = {
+            "request_duration": self.request_duration,
+            "requests": self.requests_total,
+            "errors": self.errors_total,
+        }
+        for signal, name in shorthands.items():
+            if name is not None and signal not in series:
+                series[signal] = SourceSeries((name,))
+        return resolve_sources(
+            self.profile,
+            series=series,
+            labels=self.labels,
+            model=self.model,
+            buckets=self.histogram_buckets,
+        )
+
+    @property
+    def buckets(self) -> tuple[float, ...]:
+        """The latency histogram's bucket bounds (the spec's, or the profile's)."""
+        return self.resolve().buckets
+
+    @model_validator(mode="after")
+    def _resolves(self) -> Sources:
+        try:
+            self.resolve()
+        except SourceProfileError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 class Timing(_Model):

@@ -40,7 +40,7 @@ def _latency(spec: Spec) -> Section:
     quantile = f"P{number(red.quantile * 100)}"
     reroute = " incl. reroute" if red.includes_reroute else ""
     p99 = Query(f"max by (region) ({p99_record(spec)}{{{region_matcher()}}})", "{{region}}")
-    requests = spec.sources.requests_total
+    requests = spec.sources.resolve().required_name("requests")
     total = f"sum by (region) (rate({requests}{{{region_matcher()}}}[$__rate_interval]))"
     matcher = f'{region_matcher()},rerouted="true"'
     rerouted = f"sum by (region) (rate({requests}{{{matcher}}}[$__rate_interval]))"

@@ -112,7 +112,7 @@ def bring_up(options: UpOptions, guard: InterruptGuard | None = None) -> StackSt
                 state.layout(),
                 endpoints.gateway_url,
                 list(endpoints.upstreams.values()),
-                spec.sources.histogram_buckets,
+                spec.sources.buckets,
                 options.baseline_requests,
             )
         except BaselineError as exc:

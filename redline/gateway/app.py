@@ -82,7 +82,7 @@ def build_gateway_app(
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = GatewayMetrics(
         registry,
-        spec.sources.histogram_buckets,
+        spec.sources.buckets,
         list(settings.upstreams),
         settings.max_model_labels,
     )

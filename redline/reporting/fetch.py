@@ -108,9 +108,11 @@ def slo_total_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL of an SLO's events over `window` (summed counter increase)."""
     match slo.sli.kind:
         case "slow_requests":
-            series = f"{spec.sources.request_duration}_count{selector(slo.sli.selector)}"
+            series = f"{spec.sources.resolve().required_name('request_duration')}_count{selector(slo.sli.selector)}"
         case "errors":
-            series = f"{spec.sources.requests_total}{selector(slo.sli.selector)}"
+            series = (
+                f"{spec.sources.resolve().required_name('requests')}{selector(slo.sli.selector)}"
+            )
     return f"sum(increase({series}[{window}]))"
 
 
@@ -167,13 +169,13 @@ def latency_exprs(spec: Spec, step: int, recorded: bool) -> SignalExprs:
         return SignalExprs(
             f"{value} > bool {thr}", f"max_over_time({value}{sub})", value, peak_costly=True
         )
-    base = spec.sources.request_duration
+    base = spec.sources.resolve().required_name("request_duration")
     value = (
         f"max(histogram_quantile({number(red.quantile)}, sum by (le, region) "
         f"(rate({base}_bucket[{red.window}]))))"
     )
     flag = f"{value} > bool {thr}"
-    if red.threshold_seconds in spec.sources.histogram_buckets:
+    if red.threshold_seconds in spec.sources.buckets:
         good = (
             f'sum by (region) (rate({base}_bucket{{le="{thr}"}}[{red.window}]))\n'
             f"  / sum by (region) (rate({base}_count[{red.window}]))"
@@ -458,7 +460,7 @@ def detect_step(client: PrometheusClient, spec: Spec, window: Window) -> int:
     (rounded up to a divisor of an hour), never shorter than the spec's scrape interval.
     """
     base = int(math.ceil(spec.timing.scrape_interval_seconds))
-    series = f"{spec.sources.request_duration}_count"
+    series = f"{spec.sources.resolve().required_name('request_duration')}_count"
     found = fetch_instant(
         client,
         f"max(max_over_time(count_over_time({series}[1h])[{_dur(window.seconds)}:1h]))",
@@ -485,7 +487,7 @@ def fetch_report_input(
     notes = [
         f"P99 latency read from the recording rule {p99_record(spec)}"
         if recorded
-        else f"P99 latency computed from the raw histogram {spec.sources.request_duration}_bucket "
+        else f"P99 latency computed from the raw histogram {spec.sources.resolve().required_name('request_duration')}_bucket "
         "(its recording rule does not cover the period)"
     ]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="promquery") as pool:

@@ -23,7 +23,7 @@ def guarded_series(spec: Spec) -> tuple[tuple[str, str], ...]:
     """(SLI, series) for every SLI series the alerts read: an absent one means a dead exporter,
     which must page."""
     return (
-        ("request_latency", f"{spec.sources.request_duration}_count"),
+        ("request_latency", f"{spec.sources.resolve().required_name('request_duration')}_count"),
         ("index_staleness", catalog.VECTORDB_INDEX_STALENESS_SECONDS.name),
         ("delta_log", catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name),
         ("session_rpo", catalog.SESSION_CDC_RPO_SECONDS.name),

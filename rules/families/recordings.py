@@ -16,8 +16,8 @@ from redline.slo.spec import Spec
 def build_rules(spec: Spec) -> list[RuleGroup]:
     """Recording rules for the latency quantiles the red line and the rollback gate read."""
     red = spec.red_lines.latency_p99
-    bucket = f"{spec.sources.request_duration}_bucket"
-    count = f"{spec.sources.request_duration}_count"
+    bucket = f"{spec.sources.resolve().required_name('request_duration')}_bucket"
+    count = f"{spec.sources.resolve().required_name('request_duration')}_count"
     window = rollback_window(spec)
     records = rollback_records(spec)
     by_version = "model, model_version"

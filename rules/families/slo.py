@@ -61,7 +61,7 @@ def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL for an SLO's share of bad events over `window`."""
     match slo.sli.kind:
         case "slow_requests":
-            base = spec.sources.request_duration
+            base = spec.sources.resolve().required_name("request_duration")
             good = selector(slo.sli.selector, le_matcher(slo.sli.threshold_seconds))
             total = selector(slo.sli.selector)
             return (
@@ -71,8 +71,8 @@ def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
         case "errors":
             sel = selector(slo.sli.selector)
             return (
-                f"sum(rate({spec.sources.errors_total}{sel}[{window}]))\n/\n"
-                f"sum(rate({spec.sources.requests_total}{sel}[{window}]))"
+                f"sum(rate({spec.sources.resolve().required_name('errors')}{sel}[{window}]))\n/\n"
+                f"sum(rate({spec.sources.resolve().required_name('requests')}{sel}[{window}]))"
             )
 
 
@@ -154,12 +154,14 @@ def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
         case "errors":
             sel = dict(labels)
             bad = {
-                series(spec.sources.requests_total, sel): counter(100, 60),
-                series(spec.sources.errors_total, sel): counter(100, 60),
+                series(spec.sources.resolve().required_name("requests"), sel): counter(100, 60),
+                series(spec.sources.resolve().required_name("errors"), sel): counter(100, 60),
             }
             good = {
-                series(spec.sources.requests_total, sel): counter(10000, 60),
-                series(spec.sources.errors_total, sel): counter(10000 * budget / 2, 60),
+                series(spec.sources.resolve().required_name("requests"), sel): counter(10000, 60),
+                series(spec.sources.resolve().required_name("errors"), sel): counter(
+                    10000 * budget / 2, 60
+                ),
             }
     name = slo.burn_alert_name
     page, ticket = alerts.get(name, severity="page"), alerts.get(name, severity="ticket")

@@ -73,10 +73,10 @@ def sli_text(spec: Spec, slo: Slo) -> str:
         case "slow_requests":
             return (
                 f"requests slower than {num(slo.sli.threshold_seconds)} s "
-                f"({spec.sources.request_duration})"
+                f"({spec.sources.resolve().required_name('request_duration')})"
             )
         case "errors":
-            return f"failed requests ({spec.sources.errors_total} / {spec.sources.requests_total})"
+            return f"failed requests ({spec.sources.resolve().required_name('errors')} / {spec.sources.resolve().required_name('requests')})"
 
 
 @dataclass(frozen=True)

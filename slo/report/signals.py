@@ -38,7 +38,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             "latency_p99",
             "red_line",
             f"{quantile} latency{reroute} ({lat.window})",
-            f"{spec.sources.request_duration}_bucket",
+            f"{spec.sources.resolve().required_name('request_duration')}_bucket",
             lat.threshold_seconds,
             "s",
             True,

@@ -223,7 +223,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     def fam(name: str, kind: str) -> _Family:
         return fams.setdefault(name, _Family(name, kind))
 
-    src = spec.sources
+    src = spec.sources.resolve()
     primary, *others = spec.regions
     fallback = others[0] if others else primary
     routes = [(primary, primary, "false"), (primary, fallback, "true")]
@@ -232,7 +232,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     histograms = {
         (route, version): _Histogram(
             fam,
-            src.request_duration,
+            src.required_name("request_duration"),
             {
                 "region": route[0],
                 "served_region": route[1],
@@ -241,7 +241,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
                 "model_version": version,
                 "status": "200",
             },  # fmt: skip
-            src.histogram_buckets,
+            src.buckets,
         )
         for route in routes
         for version in ("v1", "v2")
@@ -313,9 +313,9 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
                 scale *= 1.25
             hist.observe(now, requests, scale)
             labels = dict(hist.labels)
-            count(src.requests_total.removesuffix("_total"), labels, now, requests)
+            count(src.required_name("requests").removesuffix("_total"), labels, now, requests)
             error_rate = 0.004 if breach and origin == primary else 0.0004
-            count(src.errors_total.removesuffix("_total"), labels, now, requests * error_rate)
+            count(src.required_name("errors").removesuffix("_total"), labels, now, requests * error_rate)
         for source_region in spec.regions:
             for target in spec.regions:
                 if source_region != target:

@@ -35,10 +35,10 @@ def _exporter(spec: Spec, region: str) -> tuple[CollectorRegistry, Any]:
     """A real /metrics endpoint with a region's gateway histogram and an index gauge."""
     registry = CollectorRegistry()
     duration = Histogram(
-        spec.sources.request_duration,
+        spec.sources.resolve().required_name("request_duration"),
         "End-to-end latency.",
         ("region", "served_region", "rerouted", "model", "model_version", "status"),
-        buckets=spec.sources.histogram_buckets,
+        buckets=spec.sources.buckets,
         registry=registry,
     )
     staleness = Gauge(STALENESS, "Staleness.", ("collection", "replica"), registry=registry)
@@ -117,7 +117,7 @@ def test_global_prometheus_sees_both_regions_and_evaluates_the_rules(
     spec, services, histograms, _ = topology
     glob = services[GLOBAL_PART]
     with httpx.Client(timeout=5) as client:
-        count = f"{spec.sources.request_duration}_count"
+        count = f"{spec.sources.resolve().required_name('request_duration')}_count"
         seen = _eventually(client, glob, count, len(spec.regions))
         assert {s["metric"]["region"] for s in seen} == set(spec.regions)
         # A series without a region label gets its regional Prometheus' external label.

@@ -1,0 +1,412 @@
+"""Source profiles: where each SLI comes from on the serving stack a user already runs.
+
+redline's rules, dashboards and reports read one set of *canonical* series (the catalog's
+`llm_request_duration_seconds`, `llm_requests_total`, ... with the catalog's labels). A source
+profile says which series of an engine stand for each of them and how the engine's labels map
+onto the catalog's:
+
+- `redline-gateway`: redline's own gateway writes the canonical series itself (P99 including
+  cross-region reroute); nothing is mapped.
+- `vllm`, `sglang`, `tgi`, `nim`, `otel-genai`: the engine's documented series. The rules mirror
+  them into `redline:source:<canonical series>` recordings (`catalog.source_record`) with the
+  catalog's labels: `model` from the engine's model label (or a constant), `region` from a target
+  or external label, `served_region` = `region` and `rerouted="false"` (no gateway, no reroute),
+  and `model_version` joined from `model_active_info` (the snapshot registry's active version).
+
+`resolve_sources(spec.sources)` applies the spec's overrides to its profile; everything else
+reads the result. Pure data and pure functions: nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
+
+from redline.slo import catalog
+
+ProfileName = Literal["redline-gateway", "vllm", "sglang", "tgi", "nim", "otel-genai"]
+PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
+
+SignalName = Literal[
+    "request_duration",
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "generated_tokens",
+    "time_to_first_token",
+]
+SIGNAL_NAMES: tuple[str, ...] = get_args(SignalName)
+
+MAPPABLE_LABELS = ("region", "model", "model_version", "status")
+"""Catalog labels an engine profile can take from one of the engine's labels."""
+
+SignalKind = Literal["histogram", "counter"]
+CANONICAL: Mapping[str, catalog.Metric] = {
+    "request_duration": catalog.LLM_REQUEST_DURATION_SECONDS,
+    "requests": catalog.LLM_REQUESTS_TOTAL,
+    "errors": catalog.LLM_REQUEST_ERRORS_TOTAL,
+    "prompt_tokens": catalog.LLM_PROMPT_TOKENS_TOTAL,
+    "generated_tokens": catalog.LLM_GENERATED_TOKENS_TOTAL,
+    "time_to_first_token": catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS,
+}
+"""The catalog series each signal stands for (what the gateway writes under that name)."""
+
+SIGNAL_KINDS: Mapping[str, SignalKind] = {
+    "request_duration": "histogram",
+    "requests": "counter",
+    "errors": "counter",
+    "prompt_tokens": "counter",
+    "generated_tokens": "counter",
+    "time_to_first_token": "histogram",
+}
+"""What the rules read of each signal: a histogram (`_bucket`, `_count`, `_sum`) or a counter."""
+
+
+class SourceProfileError(ValueError):
+    """A source profile or override that cannot be resolved (names the field and the allowed)."""
+
+
+@dataclass(frozen=True)
+class SourceSeries:
+    """The engine series that stand for one signal.
+
+    `names` are added together (e.g. NIM's successes + failures for all requests); for a
+    histogram signal each name is a histogram's base name (`_bucket`/`_count`/`_sum` appended).
+    `matchers` are PromQL label matchers applied to every name (`status="5xx"`).
+    `note` says why this series stands in where the engine has no exact equivalent.
+    """
+
+    names: tuple[str, ...]
+    matchers: tuple[str, ...] = ()
+    note: str = ""
+
+    def selector(self, name: str, suffix: str = "") -> str:
+        """`name` + `suffix` with the matchers, as PromQL."""
+        inner = ", ".join(self.matchers)
+        return f"{name}{suffix}{{{inner}}}" if inner else f"{name}{suffix}"
+
+
+@dataclass(frozen=True)
+class SourceProfile:
+    """One serving stack's series, labels and what it cannot provide."""
+
+    name: str
+    title: str
+    docs: str
+    series: Mapping[str, SourceSeries]
+    """Signal name -> its series; a missing signal is not available from this stack."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Catalog label -> the engine's label carrying it (`model` -> `model_name`)."""
+    buckets: tuple[float, ...] = ()
+    """The latency histogram's bucket bounds as the engine ships them."""
+    model: str | None = None
+    """A constant `model` label for engines whose series name no model."""
+    includes_reroute: bool = False
+    """True only where the latency is measured end to end around cross-region reroutes."""
+    missing: Mapping[str, str] = field(default_factory=dict)
+    """Capability -> why this stack cannot provide it (printed by `redline validate`)."""
+
+    @property
+    def mirrored(self) -> bool:
+        """True when the rules map the engine's series onto the canonical ones."""
+        return self.name != "redline-gateway"
+
+
+_GATEWAY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+# vLLM's `request_latency_buckets` (vllm/v1/metrics/loggers.py); NIM for LLMs ships vLLM's.
+_VLLM_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+# SGLang's default e2e latency buckets (python/sglang/srt/metrics/collector.py).
+_SGLANG_BUCKETS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0, 800.0,
+)  # fmt: skip
+# TGI (metrics-exporter-prometheus): 0.0001 x 1.5^i for i < 50.
+_TGI_BUCKETS = tuple(round(0.0001 * 1.5**i, 10) for i in range(50))
+# OpenTelemetry's advisory buckets for gen_ai.client.operation.duration.
+_OTEL_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+
+_NO_REROUTE = (
+    "latency is measured inside the engine: cross-region reroutes and the network are not in "
+    "it (P99 including reroute needs redline's gateway in the path)"
+)
+_VLLM_HANDLERS = 'handler=~"/v1/(chat/)?completions"'
+
+PROFILES: Mapping[str, SourceProfile] = {
+    profile.name: profile
+    for profile in (
+        SourceProfile(
+            "redline-gateway",
+            "redline's gateway (OpenAI-compatible, in the data path)",
+            "docs/spec-and-rules.md",
+            {
+                "request_duration": SourceSeries(("llm_request_duration_seconds",)),
+                "requests": SourceSeries(("llm_requests_total",)),
+                "errors": SourceSeries(("llm_request_errors_total",)),
+                "prompt_tokens": SourceSeries(("llm_prompt_tokens_total",)),
+                "generated_tokens": SourceSeries(("llm_generated_tokens_total",)),
+                "time_to_first_token": SourceSeries(("llm_time_to_first_token_seconds",)),
+            },
+            buckets=_GATEWAY_BUCKETS,
+            includes_reroute=True,
+        ),
+        SourceProfile(
+            "vllm",
+            "vLLM OpenAI-compatible server",
+            "https://docs.vllm.ai/en/latest/design/metrics.html",
+            {
+                "request_duration": SourceSeries(("vllm:e2e_request_latency_seconds",)),
+                "requests": SourceSeries(
+                    ("http_requests_total",),
+                    (_VLLM_HANDLERS,),
+                    "vLLM has no request or error counter with a status; its API server's "
+                    "http_requests_total (prometheus-fastapi-instrumentator, status grouped as "
+                    "2xx/4xx/5xx) stands in",
+                ),
+                "errors": SourceSeries(
+                    ("http_requests_total",),
+                    (_VLLM_HANDLERS, 'status="5xx"'),
+                    "server errors of the completion handlers (http_requests_total, status 5xx); "
+                    'vllm:request_success_total{finished_reason="abort"} counts client aborts, '
+                    "not failures",
+                ),
+                "prompt_tokens": SourceSeries(("vllm:prompt_tokens_total",)),
+                "generated_tokens": SourceSeries(("vllm:generation_tokens_total",)),
+                "time_to_first_token": SourceSeries(("vllm:time_to_first_token_seconds",)),
+            },
+            labels={"model": "model_name", "region": "region"},
+            buckets=_VLLM_BUCKETS,
+            missing={
+                "p99_including_reroute": _NO_REROUTE,
+                "errors_by_model": "http_requests_total has no model label: the availability "
+                "SLO counts every model served by the API server",
+                "latency_by_lora_adapter": "vLLM labels latency with the served model name, not "
+                "the LoRA adapter: the version joined is the registry's active one for that name",
+            },
+        ),
+        SourceProfile(
+            "sglang",
+            "SGLang runtime (--enable-metrics)",
+            "https://docs.sglang.ai/references/production_metrics.html",
+            {
+                "request_duration": SourceSeries(("sglang:e2e_request_latency_seconds",)),
+                "requests": SourceSeries(
+                    ("sglang:num_requests_total",),
+                    note="finished requests, aborted ones included",
+                ),
+                "errors": SourceSeries(
+                    ("sglang:num_aborted_requests_total",),
+                    note="SGLang counts no server errors by status: aborted requests stand in",
+                ),
+                "prompt_tokens": SourceSeries(("sglang:prompt_tokens_total",)),
+                "generated_tokens": SourceSeries(("sglang:generation_tokens_total",)),
+                "time_to_first_token": SourceSeries(("sglang:time_to_first_token_seconds",)),
+            },
+            labels={"model": "model_name", "region": "region"},
+            buckets=_SGLANG_BUCKETS,
+            missing={"p99_including_reroute": _NO_REROUTE},
+        ),
+        SourceProfile(
+            "tgi",
+            "Hugging Face Text Generation Inference",
+            "https://huggingface.co/docs/text-generation-inference/reference/metrics",
+            {
+                "request_duration": SourceSeries(("tgi_request_duration",)),
+                "requests": SourceSeries(("tgi_request_count",)),
+                "errors": SourceSeries(("tgi_request_failure",)),
+                "prompt_tokens": SourceSeries(
+                    ("tgi_request_input_length_sum",),
+                    note="the sum of the input-length histogram",
+                ),
+                "generated_tokens": SourceSeries(
+                    ("tgi_request_generated_tokens_sum",),
+                    note="the sum of the generated-tokens histogram",
+                ),
+            },
+            labels={"region": "region"},
+            buckets=_TGI_BUCKETS,
+            missing={
+                "p99_including_reroute": _NO_REROUTE,
+                "time_to_first_token": "TGI publishes no time-to-first-token histogram",
+                "exact_latency_thresholds": "TGI's exponential buckets (0.0001 x 1.5^i) hold no "
+                "round thresholds: slow requests are counted at the nearest bucket below",
+            },
+        ),
+        SourceProfile(
+            "nim",
+            "NVIDIA NIM for LLMs",
+            "https://docs.nvidia.com/nim/large-language-models/latest/observability.html",
+            {
+                "request_duration": SourceSeries(("e2e_request_latency_seconds",)),
+                "requests": SourceSeries(
+                    ("request_success_total", "request_failure_total"),
+                    note="successes + failures",
+                ),
+                "errors": SourceSeries(("request_failure_total",)),
+                "prompt_tokens": SourceSeries(("prompt_tokens_total",)),
+                "generated_tokens": SourceSeries(("generation_tokens_total",)),
+                "time_to_first_token": SourceSeries(("time_to_first_token_seconds",)),
+            },
+            labels={"model": "model_name", "region": "region"},
+            buckets=_VLLM_BUCKETS,
+            missing={"p99_including_reroute": _NO_REROUTE},
+        ),
+        SourceProfile(
+            "otel-genai",
+            "OpenTelemetry GenAI semantic conventions (as Prometheus translates them)",
+            "https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/",
+            {
+                "request_duration": SourceSeries(("gen_ai_client_operation_duration_seconds",)),
+                "requests": SourceSeries(("gen_ai_client_operation_duration_seconds_count",)),
+                "errors": SourceSeries(
+                    ("gen_ai_client_operation_duration_seconds_count",),
+                    ('error_type!=""',),
+                    "operations that recorded an error.type",
+                ),
+                "prompt_tokens": SourceSeries(
+                    ("gen_ai_client_token_usage_sum",), ('gen_ai_token_type="input"',)
+                ),
+                "generated_tokens": SourceSeries(
+                    ("gen_ai_client_token_usage_sum",), ('gen_ai_token_type="output"',)
+                ),
+                "time_to_first_token": SourceSeries(
+                    ("gen_ai_server_time_to_first_token_seconds",),
+                    note="a server-side metric: only where the model server emits it",
+                ),
+            },
+            labels={"model": "gen_ai_request_model", "region": "region"},
+            buckets=_OTEL_BUCKETS,
+            missing={
+                "p99_including_reroute": "the client span measures one operation; a client "
+                "library's own retries across regions are only included if it records one "
+                "operation around them",
+                "exact_latency_thresholds": "OpenTelemetry's advisory buckets (0.01 x 2^i) hold "
+                "no round thresholds: slow requests are counted at the nearest bucket below",
+            },
+        ),
+    )
+}
+"""Every built-in profile by name."""
+
+
+@dataclass(frozen=True)
+class ResolvedSources:
+    """A profile with the spec's overrides applied: what the rules read for each signal."""
+
+    profile: SourceProfile
+
+    @property
+    def name(self) -> str:
+        """The profile's name."""
+        return self.profile.name
+
+    @property
+    def mirrored(self) -> bool:
+        """True when the rules map engine series onto the canonical ones."""
+        return self.profile.mirrored
+
+    @property
+    def buckets(self) -> tuple[float, ...]:
+        """The latency histogram's bucket bounds."""
+        return self.profile.buckets
+
+    def series(self, signal: str) -> SourceSeries | None:
+        """The series standing for `signal`, None where this stack has none."""
+        return self.profile.series.get(signal)
+
+    def direct(self, signal: str) -> bool:
+        """True when the rules read `signal`'s series as they are (one name, no matchers, from
+        redline's gateway); otherwise they read its `redline:source:` mirror."""
+        found = self.series(signal)
+        return (
+            found is not None and not self.mirrored and len(found.names) == 1 and not found.matchers
+        )
+
+    def read_name(self, signal: str) -> str | None:
+        """The series the rules read for `signal`: the engine's own where it is read as it is,
+        else its `redline:source:` mirror; None where the stack has none (histogram signals:
+        the base name, `_bucket`/`_count`/`_sum` appended)."""
+        found = self.series(signal)
+        if found is None:
+            return None
+        if self.direct(signal):
+            return found.names[0]
+        return catalog.source_record(CANONICAL[signal].name)
+
+    def required_name(self, signal: str) -> str:
+        """`read_name` of a signal every profile provides (latency, requests, errors)."""
+        name = self.read_name(signal)
+        if name is None:
+            raise SourceProfileError(f"sources.series.{signal}: the {self.name} profile has none")
+        return name
+
+    def record_base(self) -> str:
+        """The histogram name recorded series are named after: the canonical one whatever the
+        source, unless the gateway's own histogram was renamed (then that name)."""
+        if self.direct("request_duration"):
+            return self.required_name("request_duration")
+        return catalog.LLM_REQUEST_DURATION_SECONDS.name
+
+    def version_from_registry(self) -> bool:
+        """True when `model_version` is joined from the snapshot registry's active version."""
+        return self.mirrored and "model_version" not in self.profile.labels
+
+
+def resolve_sources(
+    profile: str,
+    *,
+    series: Mapping[str, SourceSeries] | None = None,
+    labels: Mapping[str, str] | None = None,
+    model: str | None = None,
+    buckets: tuple[float, ...] | None = None,
+) -> ResolvedSources:
+    """`profile` with overrides applied; SourceProfileError names the field and allowed values."""
+    if profile not in PROFILES:
+        raise SourceProfileError(
+            f"sources.profile: unknown profile {profile!r}; allowed: {', '.join(PROFILE_NAMES)}"
+        )
+    base = PROFILES[profile]
+    for signal in series or {}:
+        if signal not in SIGNAL_NAMES:
+            raise SourceProfileError(
+                f"sources.series.{signal}: unknown signal; allowed: {', '.join(SIGNAL_NAMES)}"
+            )
+    for label in labels or {}:
+        if not base.mirrored:
+            raise SourceProfileError(
+                f"sources.labels.{label}: the redline-gateway profile writes the catalog's "
+                "labels itself and maps none; label overrides apply to engine profiles "
+                f"({', '.join(p for p in PROFILE_NAMES if p != 'redline-gateway')})"
+            )
+        if label not in MAPPABLE_LABELS:
+            raise SourceProfileError(
+                f"sources.labels.{label}: the {profile} profile cannot map a catalog label "
+                f"{label!r}; allowed: {', '.join(MAPPABLE_LABELS)}"
+            )
+    if model is not None and not base.mirrored:
+        raise SourceProfileError(
+            "sources.model: the redline-gateway profile labels every request with its model; "
+            "a constant model applies to engine profiles"
+        )
+    merged_labels = {**base.labels, **(labels or {})}
+    if model is not None:
+        merged_labels.pop("model", None)
+    resolved = replace(
+        base,
+        series={**base.series, **(series or {})},
+        labels=merged_labels,
+        model=model if model is not None else base.model,
+        buckets=tuple(buckets) if buckets else base.buckets,
+    )
+    if resolved.mirrored and "model" not in resolved.labels and resolved.model is None:
+        raise SourceProfileError(
+            f"sources.model: the {profile} profile's series carry no model label; set "
+            "sources.model to the model it serves, or sources.labels.model to the target "
+            "label that carries it"
+        )
+    return ResolvedSources(resolved)
