@@ -145,12 +145,14 @@ PROFILES: Mapping[str, SourceProfile] = {
             "redline's gateway (OpenAI-compatible, in the data path)",
             "docs/spec-and-rules.md",
             {
-                "request_duration": SourceSeries(("llm_request_duration_seconds",)),
-                "requests": SourceSeries(("llm_requests_total",)),
-                "errors": SourceSeries(("llm_request_errors_total",)),
-                "prompt_tokens": SourceSeries(("llm_prompt_tokens_total",)),
-                "generated_tokens": SourceSeries(("llm_generated_tokens_total",)),
-                "time_to_first_token": SourceSeries(("llm_time_to_first_token_seconds",)),
+                "request_duration": SourceSeries((catalog.LLM_REQUEST_DURATION_SECONDS.name,)),
+                "requests": SourceSeries((catalog.LLM_REQUESTS_TOTAL.name,)),
+                "errors": SourceSeries((catalog.LLM_REQUEST_ERRORS_TOTAL.name,)),
+                "prompt_tokens": SourceSeries((catalog.LLM_PROMPT_TOKENS_TOTAL.name,)),
+                "generated_tokens": SourceSeries((catalog.LLM_GENERATED_TOKENS_TOTAL.name,)),
+                "time_to_first_token": SourceSeries(
+                    (catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.name,)
+                ),
             },
             buckets=_GATEWAY_BUCKETS,
             includes_reroute=True,
