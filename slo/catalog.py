@@ -463,6 +463,33 @@ def source_record(series: str) -> str:
     return f"redline:source:{series}"
 
 
+MODEL_ACTIVE_VERSION_RECORD = "redline:model_active_version:info"
+"""`model_active_info` reduced to one series per (model, model_version): the join key that
+stamps engine series with the registry's active version."""
+
+
+def tokens_rate_record(kind: Literal["generated", "prompt"], window: str) -> str:
+    """Tokens per second by (served_region, model, model_version), e.g.
+    `redline:llm_generated_tokens:rate5m`."""
+    return f"redline:llm_{kind}_tokens:rate{window}"
+
+
+def eval_verdicts_record(window: str) -> str:
+    """Accuracy verdicts (golden and online) per model version over `window`."""
+    return f"redline:llm_eval_requests:increase{window}"
+
+
+def accuracy_upper_bound_record(window: str) -> str:
+    """The Wilson score upper bound of accuracy per model version over `window` (one-sided, at
+    the spec's `rollback.confidence`): the accuracy leg fires only when even this is too low."""
+    return f"redline:llm_eval_accuracy:wilson_upper_ratio_{window}"
+
+
+def slo_events_record(window: str) -> str:
+    """Events of every SLO (label `slo`) over `window`: the burn-rate alerts' traffic guard."""
+    return f"redline:slo_events:increase{window}"
+
+
 def quantile_record(base: str, quantile_label: str, window: str) -> str:
     """Per-region latency quantile of the histogram `base`, e.g. `redline:<base>:p99_5m`."""
     return f"redline:{base}:p{quantile_label}_{window}"
