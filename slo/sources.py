@@ -354,6 +354,18 @@ class ResolvedSources:
             return self.required_name("request_duration")
         return catalog.LLM_REQUEST_DURATION_SECONDS.name
 
+    def slow_bucket(self, threshold: float) -> float | None:
+        """The bucket bound counting requests slower than `threshold`: the threshold itself when
+        it is a bucket, else (engine profiles, whose buckets the user cannot choose) the nearest
+        bound below it, which counts a little more as slow, never less; None when no bound is
+        at or below it."""
+        if threshold in self.buckets:
+            return threshold
+        below = [bound for bound in self.buckets if bound < threshold]
+        if not self.mirrored or not below:
+            return None
+        return max(below)
+
     def version_from_registry(self) -> bool:
         """True when `model_version` is joined from the snapshot registry's active version."""
         return self.mirrored and "model_version" not in self.profile.labels
