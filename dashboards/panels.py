@@ -25,6 +25,7 @@ from grafanalib.core import (
 )
 
 from redline.rules.common import runbook
+from redline.rules.records import request_duration
 from redline.slo import catalog
 from redline.slo.spec import Spec
 
@@ -167,13 +168,32 @@ def model_matcher() -> str:
     return 'model=~"$model"'
 
 
+def measures_reroute(spec: Spec) -> bool:
+    """True when the latency is measured end to end around cross-region reroutes: the spec says
+    so and its source can (only redline's gateway sees a request leave for another region)."""
+    profile = spec.sources.resolve().profile
+    return spec.red_lines.latency_p99.includes_reroute and profile.includes_reroute
+
+
+def has_signal(spec: Spec, signal: str) -> bool:
+    """True when the spec's source profile publishes `signal` (`redline.slo.sources`)."""
+    return spec.sources.resolve().series(signal) is not None
+
+
+def source_description(spec: Spec, left_out: dict[str, str]) -> str:
+    """A dashboard description's last sentences: the source profile, and each panel left out
+    because that source cannot fill it (panel title -> why)."""
+    profile = spec.sources.resolve().profile
+    text = f" Source: {profile.title}, sources.profile {profile.name}."
+    for title, why in left_out.items():
+        text += f" Not shown: {title}, because {why}."
+    return text
+
+
 def build_variables(spec: Spec, names: Sequence[str]) -> list[Template]:
     """`$datasource` first, then the label variables the dashboard filters on."""
     queries = {
-        "region": (
-            "Region",
-            f"label_values({spec.sources.resolve().required_name('request_duration')}_count, region)",
-        ),
+        "region": ("Region", f"label_values({request_duration(spec)}_count, region)"),
         "model": ("Model", f"label_values({catalog.MODEL_ACTIVE_INFO}, model)"),
     }
     variables = [

@@ -3,6 +3,8 @@ each version's baseline, embedding drift, token throughput and time to first tok
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from grafanalib.core import Dashboard
 
 from redline.dashboards.panels import (
@@ -19,10 +21,16 @@ from redline.dashboards.panels import (
     bad_below,
     model_matcher,
     region_matcher,
+    source_description,
 )
 from redline.rules.families.rollback import rollback_gate_expr
 from redline.rules.model import number
-from redline.rules.records import rollback_records, rollback_window
+from redline.rules.records import (
+    rollback_records,
+    rollback_window,
+    tokens_rate_records,
+    ttft_p99_record,
+)
 from redline.slo import catalog
 from redline.slo.spec import Spec
 
@@ -72,9 +80,17 @@ def _versions(spec: Spec) -> Section:
             f"gate: {ratio} × baseline {{{{model_version}}}}",
         ),
     )
+    confidence = number(gate.confidence * 100)
+    upper = records["accuracy_upper"]
     accuracy = (
         Query(
             f"{records['accuracy']}{{{model_matcher()}}}", "accuracy {{model}} {{model_version}}"
+        ),
+        # The gate's accuracy leg compares this bound, not the point estimate: it fires only
+        # when even the optimistic end of the interval is below the line.
+        Query(
+            f"{by} ({upper}{{{model_matcher()}}})",
+            f"Wilson upper bound ({confidence} %) {{{{model_version}}}}",
         ),
         Query(
             f"{by} ({baseline_accuracy}{{{model_matcher()}}})",
@@ -86,6 +102,10 @@ def _versions(spec: Spec) -> Section:
         ),
     )
     requests = Query(f"{records['requests']}{{{model_matcher()}}}", "{{model}} {{model_version}}")
+    verdicts = Query(
+        f"{by} ({records['verdicts']}{{{model_matcher()}}})",
+        "{{model}} {{model_version}}",
+    )
     holding = Query(f"count(\n{rollback_gate_expr(spec)}\n)\nor vector(0)", "versions")
     return Section(
         "Model versions and the two-signal rollback gate",
@@ -107,16 +127,31 @@ def _versions(spec: Spec) -> Section:
                 p99,
                 book,
                 "s",
-                width=9,
+                width=8,
             ),  # fmt: skip
             PanelDef(
                 "timeseries",
                 f"Accuracy over {window} vs baseline (gate −"
-                f"{number(gate.accuracy_drop * 100)} pts)",
+                f"{number(gate.accuracy_drop * 100)} pts at {confidence} %)",
                 accuracy,
                 book,
                 "percentunit",
-                width=9,
+                width=8,
+                description=(
+                    f"The accuracy leg fires when the Wilson score upper bound of the accuracy "
+                    f"({confidence} % one-sided, from the verdicts in {window}) is more than "
+                    f"{number(gate.accuracy_drop * 100)} points under the version's baseline, "
+                    f"with at least {gate.min_eval_samples} verdicts."
+                ),
+            ),
+            PanelDef(
+                "timeseries",
+                f"Accuracy verdicts in {window} (gate needs {gate.min_eval_samples})",
+                (verdicts,),
+                book,
+                "short",
+                bad_below(gate.min_eval_samples),
+                width=4,
             ),  # fmt: skip
             PanelDef(
                 "timeseries",
@@ -125,7 +160,7 @@ def _versions(spec: Spec) -> Section:
                 book,
                 "short",
                 bad_below(gate.min_samples),
-                width=6,
+                width=4,
             ),  # fmt: skip
         ),
     )
@@ -158,35 +193,47 @@ def _drift(spec: Spec) -> Section:
     )
 
 
+TOKENS = "Tokens/s"
+TTFT_P99 = "TTFT P99"
+
+
+def serving_left_out(spec: Spec) -> dict[str, str]:
+    """The serving panels this spec's source cannot fill (title -> why)."""
+    profile = spec.sources.resolve().profile
+    left_out = {}
+    if not tokens_rate_records(spec):
+        left_out[TOKENS] = "the source publishes no token counters"
+    if ttft_p99_record(spec) is None:
+        why = profile.missing.get("time_to_first_token", "the source publishes no TTFT histogram")
+        left_out[TTFT_P99] = why
+    return left_out
+
+
 def _serving(spec: Spec) -> Section:
     book = alert_runbook(spec, "RedLineLatencyP99")
     labels = f"{model_matcher()},{region_matcher('served_region')}"
+    window = spec.red_lines.latency_p99.window
     tokens = tuple(
         Query(
-            f"sum by (served_region, model) (rate({counter}{{{labels}}}[$__rate_interval]))",
+            f"sum by (served_region, model) ({record}{{{labels}}})",
             f"{kind} {{{{served_region}}}} {{{{model}}}}",
         )
-        for kind, counter in (
-            ("generated", catalog.LLM_GENERATED_TOKENS_TOTAL),
-            ("prompt", catalog.LLM_PROMPT_TOKENS_TOTAL),
+        for kind, record in tokens_rate_records(spec).items()
+    )
+    panels = []
+    if tokens:
+        panels.append(PanelDef("timeseries", f"{TOKENS} ({window})", tokens, book, TOKENS_UNIT))
+    ttft_record = ttft_p99_record(spec)
+    if ttft_record is not None:
+        ttft = Query(
+            f"max by (served_region, model) ({ttft_record}{{{labels}}})",
+            "{{served_region}} {{model}}",
         )
-    )
-    quantiles = sorted({0.5, spec.red_lines.latency_p99.quantile})
-    ttft = tuple(
-        Query(
-            f"histogram_quantile({number(q)}, sum by (le, served_region) "
-            f"(rate({catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.bucket}{{{labels}}}[$__rate_interval])))",
-            f"P{number(q * 100)} {{{{served_region}}}}",
-        )
-        for q in quantiles
-    )
-    return Section(
-        "Serving",
-        (
-            PanelDef("timeseries", "Tokens per second", tokens, book, TOKENS_UNIT, width=12),
-            PanelDef("timeseries", "Time to first token", ttft, book, "s", width=12),
-        ),
-    )
+        panels.append(PanelDef("timeseries", f"{TTFT_P99} ({window})", (ttft,), book, "s"))
+    # A panel that can never have data reads like a broken exporter: one the source cannot
+    # fill is left out (the description says why) and the others share the row.
+    width = 24 // max(1, len(panels))
+    return Section("Serving", tuple(replace(panel, width=width) for panel in panels))
 
 
 def build_model_drift_definition(spec: Spec) -> DashboardDef:
@@ -195,9 +242,10 @@ def build_model_drift_definition(spec: Spec) -> DashboardDef:
         slug=SLUG,
         title="Model and drift",
         description=(
-            "Which version each model serves, its P99 and accuracy against the version's "
-            "verified baseline with the two-signal rollback gate drawn, embedding drift, tokens "
-            "per second and time to first token."
+            "Which version each model serves, its P99 and accuracy (with the Wilson bound the "
+            "gate compares and the verdict count) against the version's verified baseline with "
+            "the two-signal rollback gate drawn, embedding drift, tokens per second and the "
+            "time to first token." + source_description(spec, serving_left_out(spec))
         ),
         sections=(_versions(spec), _drift(spec), _serving(spec)),
         annotations=(

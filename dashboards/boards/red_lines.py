@@ -16,11 +16,13 @@ from redline.dashboards.panels import (
     assemble,
     bad_above,
     bad_below,
+    measures_reroute,
     region_matcher,
+    source_description,
     two_state_mapping,
 )
 from redline.rules.model import number
-from redline.rules.records import p99_record
+from redline.rules.records import p99_record, requests_total
 from redline.slo import catalog
 from redline.slo.spec import Spec
 
@@ -33,42 +35,62 @@ def red_line_annotations() -> tuple[AnnotationDef, ...]:
     return alert_and_remediation_annotations("Critical alerts", 'severity="critical"', "red")
 
 
+REROUTE_SHARE = "Reroute share"
+
+
+def reroute_left_out(spec: Spec) -> dict[str, str]:
+    """The reroute panels this spec's source cannot fill (title -> why), empty with the gateway
+    (only the gateway labels a request `rerouted`)."""
+    profile = spec.sources.resolve().profile
+    if profile.includes_reroute:
+        return {}
+    why = profile.missing.get("p99_including_reroute", "no gateway in the path reroutes requests")
+    return {REROUTE_SHARE.lower(): why}
+
+
 def _latency(spec: Spec) -> Section:
     red = spec.red_lines.latency_p99
     limit = red.threshold_seconds
     book = alert_runbook(spec, "RedLineLatencyP99")
     quantile = f"P{number(red.quantile * 100)}"
-    reroute = " incl. reroute" if red.includes_reroute else ""
+    reroute = " incl. reroute" if measures_reroute(spec) else ""
     p99 = Query(f"max by (region) ({p99_record(spec)}{{{region_matcher()}}})", "{{region}}")
-    requests = spec.sources.resolve().required_name("requests")
+    probes = Query(
+        f"min by (region, probe) ({catalog.LLM_PROBE_SUCCESS}{{{region_matcher()}}})",
+        "{{region}} {{probe}}",
+    )
+    title = f"{quantile}{reroute} (red line {number(limit)} s)"
+    panels = [PanelDef("stat", title, (p99,), book, "s", bad_above(limit), width=6)]
+    if reroute_left_out(spec):
+        # No gateway in the path: every request is served where it arrived, so a reroute share
+        # would be a flat 0 that reads as "healthy"; the panel is left out, its place given to
+        # the P99 graph (the dashboard's description says why).
+        panels += [
+            PanelDef("timeseries", f"{title} by region", (p99,), book, "s", bad_above(limit), 12),
+            PanelDef("state", "Endpoint probes", (probes,), book, mappings=OK_FAILED, width=6),
+        ]
+        return Section(f"Latency {quantile}{reroute}", tuple(panels))
+    requests = requests_total(spec)
     total = f"sum by (region) (rate({requests}{{{region_matcher()}}}[$__rate_interval]))"
     matcher = f'{region_matcher()},rerouted="true"'
     rerouted = f"sum by (region) (rate({requests}{{{matcher}}}[$__rate_interval]))"
     # Until a request of a region has been rerouted it has no rerouted series: show 0, not
     # "No data" (the `or` keeps the regions that have one).
     share = Query(f"(\n{rerouted}\nor\n{total} * 0\n)\n/\n{total}", "{{region}}")
-    probes = Query(
-        f"min by (region, probe) ({catalog.LLM_PROBE_SUCCESS}{{{region_matcher()}}})",
-        "{{region}} {{probe}}",
-    )
-    title = f"{quantile}{reroute} (red line {number(limit)} s)"
-    return Section(
-        f"Latency {quantile}{reroute}",
-        (
-            PanelDef("stat", title, (p99,), book, "s", bad_above(limit), width=6),
-            PanelDef("timeseries", f"{title} by region", (p99,), book, "s", bad_above(limit), 18),
-            PanelDef("stat", "Reroute share", (share,), book, "percentunit", width=6),
-            PanelDef(
-                "timeseries",
-                "Reroute share by origin region",
-                (share,),
-                book,
-                "percentunit",
-                width=12,
-            ),  # fmt: skip
-            PanelDef("state", "Endpoint probes", (probes,), book, mappings=OK_FAILED, width=6),
-        ),
-    )
+    panels += [
+        PanelDef("timeseries", f"{title} by region", (p99,), book, "s", bad_above(limit), 18),
+        PanelDef("stat", REROUTE_SHARE, (share,), book, "percentunit", width=6),
+        PanelDef(
+            "timeseries",
+            f"{REROUTE_SHARE} by origin region",
+            (share,),
+            book,
+            "percentunit",
+            width=12,
+        ),  # fmt: skip
+        PanelDef("state", "Endpoint probes", (probes,), book, mappings=OK_FAILED, width=6),
+    ]
+    return Section(f"Latency {quantile}{reroute}", tuple(panels))
 
 
 def _keepalive(spec: Spec) -> Section:
@@ -137,12 +159,19 @@ def _index(spec: Spec) -> Section:
 
 def build_red_lines_definition(spec: Spec) -> DashboardDef:
     """The red-lines dashboard as data."""
+    quantile = f"P{number(spec.red_lines.latency_p99.quantile * 100)}"
+    latency = (
+        f"end-to-end {quantile} including reroutes"
+        if measures_reroute(spec)
+        else f"{quantile} latency as the serving engine measures it"
+    )
     return DashboardDef(
         slug=SLUG,
         title="Red lines",
         description=(
-            "The SLA red lines of the spec: end-to-end P99 including reroutes, context keep-alive "
-            "and vector-index staleness. Red marks are critical alerts, purple marks playbook runs."
+            f"The SLA red lines of the spec: {latency}, context keep-alive and vector-index "
+            "staleness. Red marks are critical alerts, purple marks playbook runs."
+            + source_description(spec, reroute_left_out(spec))
         ),
         sections=(_latency(spec), _keepalive(spec), _index(spec)),
         annotations=red_line_annotations(),

@@ -22,6 +22,7 @@ from redline.rules.build import (
     slo_error_ratio_expr,
 )
 from redline.rules.model import format_duration, number, selector
+from redline.rules.records import request_duration, requests_total
 from redline.slo import catalog
 from redline.slo.maths import HOUR
 from redline.slo.report import (
@@ -108,11 +109,9 @@ def slo_total_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL of an SLO's events over `window` (summed counter increase)."""
     match slo.sli.kind:
         case "slow_requests":
-            series = f"{spec.sources.resolve().required_name('request_duration')}_count{selector(slo.sli.selector)}"
+            series = f"{request_duration(spec)}_count{selector(slo.sli.selector)}"
         case "errors":
-            series = (
-                f"{spec.sources.resolve().required_name('requests')}{selector(slo.sli.selector)}"
-            )
+            series = f"{requests_total(spec)}{selector(slo.sli.selector)}"
     return f"sum(increase({series}[{window}]))"
 
 
@@ -169,7 +168,7 @@ def latency_exprs(spec: Spec, step: int, recorded: bool) -> SignalExprs:
         return SignalExprs(
             f"{value} > bool {thr}", f"max_over_time({value}{sub})", value, peak_costly=True
         )
-    base = spec.sources.resolve().required_name("request_duration")
+    base = request_duration(spec)
     value = (
         f"max(histogram_quantile({number(red.quantile)}, sum by (le, region) "
         f"(rate({base}_bucket[{red.window}]))))"
@@ -460,7 +459,7 @@ def detect_step(client: PrometheusClient, spec: Spec, window: Window) -> int:
     (rounded up to a divisor of an hour), never shorter than the spec's scrape interval.
     """
     base = int(math.ceil(spec.timing.scrape_interval_seconds))
-    series = f"{spec.sources.resolve().required_name('request_duration')}_count"
+    series = f"{request_duration(spec)}_count"
     found = fetch_instant(
         client,
         f"max(max_over_time(count_over_time({series}[1h])[{_dur(window.seconds)}:1h]))",
@@ -484,11 +483,13 @@ def fetch_report_input(
         step = detect_step(client, spec, window)
     check_step(step)
     recorded = recording_covers(client, p99_record(spec), window)
+    histogram = f"the raw histogram {request_duration(spec)}_bucket"
+    if not spec.sources.resolve().direct("request_duration"):
+        histogram = f"the rules' mirror of the engine's histogram, {request_duration(spec)}_bucket"
     notes = [
         f"P99 latency read from the recording rule {p99_record(spec)}"
         if recorded
-        else f"P99 latency computed from the raw histogram {spec.sources.resolve().required_name('request_duration')}_bucket "
-        "(its recording rule does not cover the period)"
+        else f"P99 latency computed from {histogram} (its recording rule does not cover the period)"
     ]
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="promquery") as pool:
         # The costly signal subqueries go first so they overlap with everything else.

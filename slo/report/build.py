@@ -50,7 +50,7 @@ from redline.slo.report.model import (
     SloReport,
     Summary,
 )
-from redline.slo.report.signals import SignalDef, signal_defs
+from redline.slo.report.signals import SignalDef, signal_defs, source_notes
 from redline.slo.report.text import num, utc
 from redline.slo.spec import Slo, Spec
 
@@ -69,14 +69,18 @@ def _period(window: Window) -> Period:
 
 def sli_text(spec: Spec, slo: Slo) -> str:
     """A one-line description of what an SLO counts as bad."""
+    sources = spec.sources.resolve()
     match slo.sli.kind:
         case "slow_requests":
             return (
                 f"requests slower than {num(slo.sli.threshold_seconds)} s "
-                f"({spec.sources.resolve().required_name('request_duration')})"
+                f"({sources.required_name('request_duration')})"
             )
         case "errors":
-            return f"failed requests ({spec.sources.resolve().required_name('errors')} / {spec.sources.resolve().required_name('requests')})"
+            return (
+                f"failed requests ({sources.required_name('errors')} / "
+                f"{sources.required_name('requests')})"
+            )
 
 
 @dataclass(frozen=True)
@@ -514,7 +518,7 @@ def build_report(
             f"{utc(window.end)} (looked for {', '.join(sorted({d.series for d in defs}))} and "
             f"the SLO series): the period is before the data starts, or nothing is scraped"
         )
-    notes = list(data.notes)
+    notes = [*source_notes(spec), *data.notes]
     notes += [f"SLO {s.name}: {s.message}" for s in slos if s.message]
     notes += [
         f"{s.title}{' ' + s.instance if s.instance else ''}: {s.message}"

@@ -15,6 +15,7 @@ from redline.slo.report.model import (
     RemediationRow,
     SignalReport,
 )
+from redline.slo.report.signals import latency_includes_reroute
 from redline.slo.report.text import num
 from redline.slo.spec import Spec
 
@@ -158,14 +159,23 @@ def build_maturity(
     st, ev = _verified(["delta_log_replay", "freeze_and_replay"], remediation, jobs)
     checks.append(_check(3, "replay_verified", "index replays verified", st, ev))
     lat = spec.red_lines.latency_p99
-    multi = len(spec.regions) >= 2 and lat.includes_reroute
+    reroute = latency_includes_reroute(spec)
+    multi = len(spec.regions) >= 2 and reroute
+    profile = spec.sources.resolve().profile
+    # An engine profile measures latency inside the engine: the spec's includes_reroute cannot
+    # make it see a reroute, so the evidence names the source, not just the flag.
+    measured = (
+        f"includes_reroute={lat.includes_reroute}"
+        if profile.includes_reroute
+        else f"sources.profile {profile.name} measures latency without cross-region reroutes"
+    )
     checks.append(
         _check(
             4,
             "regions",
             "two or more regions, latency measured end to end incl. reroute",
             "met" if multi else "not_met",
-            f"regions {', '.join(spec.regions)}; includes_reroute={lat.includes_reroute}",
+            f"regions {', '.join(spec.regions)}; {measured}",
         )
     )
     st, ev = _verified(["reroute"], remediation, jobs)
@@ -173,6 +183,8 @@ def build_maturity(
     st, ev = _signal_held(
         signals, "latency_p99", f"P99 incl. reroute <= {num(lat.threshold_seconds)} s"
     )
+    if not profile.includes_reroute:
+        st, ev = "no_data", f"not measurable with sources.profile {profile.name}"
     checks.append(
         _check(4, "latency", f"P99 incl. reroute <= {num(lat.threshold_seconds)} s", st, ev)
     )

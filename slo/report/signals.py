@@ -27,12 +27,54 @@ class SignalDef:
     objective: str
 
 
+def latency_includes_reroute(spec: Spec) -> bool:
+    """True when the latency red line is measured end to end around cross-region reroutes: the
+    spec says so and its source profile can (only redline's gateway sees a reroute)."""
+    profile = spec.sources.resolve().profile
+    return spec.red_lines.latency_p99.includes_reroute and profile.includes_reroute
+
+
+def source_notes(spec: Spec) -> list[str]:
+    """The report's notes on its source: the profile the request SLIs come from, the series that
+    stand in where the engine has no exact equivalent, and what the profile cannot measure."""
+    sources = spec.sources.resolve()
+    profile = sources.profile
+    quantile = f"P{num(spec.red_lines.latency_p99.quantile * 100)}"
+    source = f"source: {profile.title}, sources.profile {profile.name}"
+    if not sources.mirrored:
+        where = "end to end at the gateway, cross-region reroutes included"
+        if not latency_includes_reroute(spec):
+            where = "at the gateway; the spec says its histogram leaves cross-region reroutes out"
+        return [f"{source}; {quantile} measured {where}"]
+    version = (
+        f"; model_version is the snapshot registry's active version ({catalog.MODEL_ACTIVE_INFO})"
+        if sources.version_from_registry()
+        else ""
+    )
+    notes = [f"{source}, read through the {catalog.source_record('*')} recordings{version}"]
+    # What cannot be measured first: it changes how every latency number above is read.
+    for capability, why in sorted(
+        profile.missing.items(), key=lambda item: item[0] != "p99_including_reroute"
+    ):
+        what = (
+            f"{quantile} including cross-region reroutes"
+            if capability == "p99_including_reroute"
+            else capability.replace("_", " ")
+        )
+        notes.append(f"not measured with {profile.name}: {what} — {why}")
+    for signal in ("requests", "errors", "prompt_tokens", "generated_tokens"):
+        found = sources.series(signal)
+        if found is not None and found.note:
+            notes.append(f"{signal.replace('_', ' ')} from {', '.join(found.names)}: {found.note}")
+    return notes
+
+
 def signal_defs(spec: Spec) -> list[SignalDef]:
     """The red lines, RPO targets and drift of the spec, in report order."""
     red, rpo = spec.red_lines, spec.rpo
     lat = red.latency_p99
     quantile = f"P{num(lat.quantile * 100)}"
-    reroute = " incl. reroute" if lat.includes_reroute else ""
+    reroute = " incl. reroute" if latency_includes_reroute(spec) else ""
     return [
         SignalDef(
             "latency_p99",

@@ -11,6 +11,7 @@ from them. Deterministic: the same spec and time range give the same text.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -30,6 +31,18 @@ RUN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 SPOT_NOTICE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 SPOT_NODE_STATES = ("ready", "draining", "terminating", "recovered")
 PROBES = ("llm_endpoints", "index_staleness", "session_rpo", "keepalive", "drift", "models")
+
+
+def profile_spec(spec: Spec, profile: str, model: str | None = None) -> Spec:
+    """`spec` read from another source profile: its `sources` replaced by the profile alone (its
+    own series, labels and buckets), and no claim of latency including reroute where the
+    profile cannot see one. `model` is the constant model of engines whose series name none."""
+    data = spec.model_dump()
+    data["sources"] = {"profile": profile, **({"model": model} if model is not None else {})}
+    checked = Spec.model_validate(data)
+    if not checked.sources.resolve().profile.includes_reroute:
+        data["red_lines"]["latency_p99"]["includes_reroute"] = False
+    return Spec.model_validate(data)
 
 
 @dataclass(frozen=True)
@@ -149,17 +162,262 @@ class _Histogram:
         self.sum_.add(self.labels, when, self.seconds)
 
 
-@dataclass
-class _Counter:
-    value: float = 0.0
+class _Counters:
+    """Cumulative counters, each written into its family at every step it is added to."""
 
-    def add(self, amount: float) -> float:
-        self.value += amount
-        return self.value
+    def __init__(self, fam: Callable[[str, str], _Family]) -> None:
+        self.fam = fam
+        self.values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def add(
+        self, name: str, labels: dict[str, str], when: float, amount: float, kind: str = "counter"
+    ) -> None:
+        """Add `amount` to the counter `name` (a counter's family name, without `_total`)."""
+        key = (name, tuple(sorted(labels.items())))
+        self.values[key] = self.values.get(key, 0.0) + amount
+        self.fam(name, kind).add(labels, when, self.values[key])
+
+    def add_exposed(self, name: str, labels: dict[str, str], when: float, amount: float) -> None:
+        """Add to a counter by the name an engine exposes: `x_total` is a counter's sample, any
+        other name (TGI's `tgi_request_count`, a histogram's `_sum`) an untyped series."""
+        if name.endswith("_total"):
+            self.add(name.removesuffix("_total"), labels, when, amount)
+        else:
+            self.add(name, labels, when, amount, "untyped")
+
+
+class _GatewayTraffic:
+    """redline's gateway in the path: the catalog's request series with every route (reroutes
+    included) and version, and its token and TTFT series."""
+
+    def __init__(self, spec: Spec, fam: Callable[[str, str], _Family], counters: _Counters) -> None:
+        src = spec.sources.resolve()
+        self.spec, self.counters, self.model = spec, counters, MODEL
+        self.requests = src.required_name("requests").removesuffix("_total")
+        self.errors = src.required_name("errors").removesuffix("_total")
+        primary, *others = spec.regions
+        fallback = others[0] if others else primary
+        routes = [(primary, primary, "false"), (primary, fallback, "true")]
+        routes += [(region, region, "false") for region in others]
+        routes += [(region, primary, "true") for region in others]
+        self.histograms = {
+            (route, version): _Histogram(
+                fam,
+                src.required_name("request_duration"),
+                {
+                    "region": route[0],
+                    "served_region": route[1],
+                    "rerouted": route[2],
+                    "model": MODEL,
+                    "model_version": version,
+                    "status": "200",
+                },  # fmt: skip
+                src.buckets,
+            )
+            for route in routes
+            for version in ("v1", "v2")
+        }
+        self.ttft = {
+            (region, version): _Histogram(
+                fam,
+                catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.name,
+                {"served_region": region, "model": MODEL, "model_version": version},
+                TTFT_BUCKETS,
+            )
+            for region in spec.regions
+            for version in ("v1", "v2")
+        }
+
+    def step(self, now: float, step: float, active: str, breach: bool, regressed: bool) -> None:
+        """Every label set is published at every step (zero once idle)."""
+        primary = self.spec.regions[0]
+        count = self.counters.add
+        for (route, version), hist in self.histograms.items():
+            origin, _, rerouted = route
+            rps = 40.0 if origin == primary else 25.0
+            reroute_share = 0.20 if breach and origin == primary else 0.02
+            share_of_route = reroute_share if rerouted == "true" else 1 - reroute_share
+            requests = rps * step * share_of_route if version == active else 0.0
+            scale = 0.25 if rerouted == "false" else 0.34
+            if breach and origin == primary and rerouted == "false":
+                scale = 0.45
+            if regressed:
+                scale *= 1.25
+            hist.observe(now, requests, scale)
+            labels = dict(hist.labels)
+            count(self.requests, labels, now, requests)
+            error_rate = 0.004 if breach and origin == primary else 0.0004
+            count(self.errors, labels, now, requests * error_rate)
+        for source_region in self.spec.regions:
+            for target in self.spec.regions:
+                if source_region != target:
+                    moved = 40.0 * step * 0.18 if breach and source_region == primary else 0.3
+                    reroute = {"from_region": source_region, "to_region": target,
+                               "reason": "first_byte_budget"}  # fmt: skip
+                    count(catalog.LLM_REROUTES_TOTAL.family, reroute, now, moved)
+        for (region, version), hist in self.ttft.items():
+            requests = (30.0 if region == primary else 20.0) * step if version == active else 0.0
+            hist.observe(now, requests, 0.12 if not breach else 0.2)
+            tokens = {"served_region": region, "model": MODEL, "model_version": version}
+            count(catalog.LLM_GENERATED_TOKENS_TOTAL.family, tokens, now, requests * 42)
+            count(catalog.LLM_PROMPT_TOKENS_TOTAL.family, tokens, now, requests * 230)
+
+
+_MATCHER = re.compile(r'^\s*(\w+)\s*(=~|!~|!=|=)\s*"(.*)"\s*$')
+_OPTIONAL_GROUP = re.compile(r"\((.*?)\)\?")
+
+
+def _parse_matcher(matcher: str) -> tuple[str, str, str]:
+    """`label`, operator and value of one PromQL label matcher."""
+    found = _MATCHER.match(matcher)
+    if found is None:
+        raise ValueError(f"cannot read the label matcher {matcher!r}")
+    return found.group(1), found.group(2), found.group(3)
+
+
+def _matching_value(op: str, value: str) -> str | None:
+    """A label value the matcher selects (None: the label absent)."""
+    if op == "=":
+        return value or None
+    if op in ("!=", "!~"):
+        return "other" if value == "error" else "error"
+    # A regex: each alternative with its optional groups taken, then left out (enough for the
+    # profiles' handler matchers, e.g. `/v1/(chat/)?completions` or `/v1/a|/v1/b`).
+    for alternative in value.split("|"):
+        for candidate in (
+            _OPTIONAL_GROUP.sub(r"\1", alternative),
+            _OPTIONAL_GROUP.sub("", alternative),
+        ):
+            if re.fullmatch(value, candidate):
+                return candidate
+    raise ValueError(f"no sample value for the regex matcher {value!r}")
+
+
+def _other_value(op: str, value: str) -> str | None:
+    """A label value the matcher does not select (None: the label absent)."""
+    if op in ("!=", "!~"):
+        return value or None
+    if re.fullmatch(r"\dxx", value):
+        return "2xx"  # status classes (prometheus-fastapi-instrumentator): a success
+    return "200" if value.isdigit() else "ok"
+
+
+def _labels_matching(matchers: Iterable[str], unmatched: Iterable[str] = ()) -> dict[str, str]:
+    """Labels selected by every one of `matchers` and by none of `unmatched`."""
+    labels: dict[str, str] = {}
+    for matcher in unmatched:
+        label, op, value = _parse_matcher(matcher)
+        other = _other_value(op, value)
+        if other is not None:
+            labels[label] = other
+    for matcher in matchers:
+        label, op, value = _parse_matcher(matcher)
+        chosen = _matching_value(op, value)
+        if chosen is not None:
+            labels[label] = chosen
+    return labels
+
+
+class _EngineTraffic:
+    """An engine profile's own series (`redline.slo.sources.PROFILES`): its names, labels and
+    latency buckets, served where the request arrived (no gateway: no reroute) and with no
+    version label (the rules join the snapshot registry's active version)."""
+
+    def __init__(self, spec: Spec, fam: Callable[[str, str], _Family], counters: _Counters) -> None:
+        src = spec.sources.resolve()
+        profile = src.profile
+        self.spec, self.src, self.counters = spec, src, counters
+        self.model = profile.model or MODEL
+        duration = src.series("request_duration")
+        requests, errors = src.series("requests"), src.series("errors")
+        if duration is None or requests is None or errors is None:
+            raise ValueError(f"the {profile.name} profile lacks a latency, request or error series")
+        self.requests, self.errors = requests, errors
+        # Labels an error / a success carries on the request counters (vLLM: the status class).
+        only_errors = [m for m in errors.matchers if m not in requests.matchers]
+        self.error_labels = _labels_matching([*requests.matchers, *errors.matchers])
+        self.ok_labels = _labels_matching(requests.matchers, only_errors)
+        self.request_labels = _labels_matching(requests.matchers)
+        # OpenTelemetry counts operations with the duration histogram's own `_count`.
+        self.counted = f"{duration.names[0]}_count"
+        split = self.counted in (*requests.names, *errors.names)
+        self.histograms: dict[tuple[str, str], _Histogram] = {}
+        self.ttft: dict[str, _Histogram] = {}
+        ttft = src.series("time_to_first_token")
+        for region in spec.regions:
+            base = {**self.base(region), **_labels_matching(duration.matchers)}
+            for outcome in ("ok", "error") if split else ("all",):
+                extra = {"ok": self.ok_labels, "error": self.error_labels}.get(outcome, {})
+                self.histograms[region, outcome] = _Histogram(
+                    fam, duration.names[0], {**base, **extra}, src.buckets
+                )
+            if ttft is not None:
+                labels = {**self.base(region), **_labels_matching(ttft.matchers)}
+                self.ttft[region] = _Histogram(fam, ttft.names[0], labels, TTFT_BUCKETS)
+
+    def base(self, region: str, model: bool = True) -> dict[str, str]:
+        """The engine's region and model labels (`profile.labels`) for `region`."""
+        mapping = self.src.profile.labels
+        labels = {mapping.get("region", "region"): region}
+        if model and "model" in mapping:
+            labels[mapping["model"]] = self.model
+        return labels
+
+    def step(self, now: float, step: float, active: str, breach: bool, regressed: bool) -> None:
+        """One step of every region's requests, errors, latency, tokens and TTFT."""
+        del active  # engines publish no version: the rules join it
+        primary = self.spec.regions[0]
+        add = self.counters.add_exposed
+        # vLLM's http_requests_total has no model label (the profile says errors_by_model).
+        counter_base = "errors_by_model" not in self.src.profile.missing
+        for region in self.spec.regions:
+            requests = (40.0 if region == primary else 25.0) * step
+            errors = requests * (0.004 if breach and region == primary else 0.0004)
+            scale = 0.45 if breach and region == primary else 0.25
+            scale *= 1.25 if regressed else 1.0
+            if (region, "all") in self.histograms:
+                self.histograms[region, "all"].observe(now, requests, scale)
+            else:
+                self.histograms[region, "ok"].observe(now, requests - errors, scale)
+                self.histograms[region, "error"].observe(now, errors, scale)
+            base = self.base(region, counter_base)
+            for name in self.errors.names:
+                if name != self.counted:
+                    add(name, {**base, **self.error_labels}, now, errors)
+            for name in self.requests.names:
+                if name == self.counted:
+                    continue  # the histogram's own count, observed above (OpenTelemetry)
+                if name not in self.errors.names:
+                    # One counter of every request (SGLang, TGI) holds the errors too; one
+                    # beside the error counter (NIM's successes) holds the rest.
+                    whole = len(self.requests.names) == 1
+                    labels = {**base, **self.request_labels}
+                    add(name, labels, now, requests if whole else requests - errors)
+                elif self.ok_labels != self.error_labels:
+                    # One counter told apart by labels (vLLM's status class): the successes.
+                    add(name, {**base, **self.ok_labels}, now, requests - errors)
+                # Otherwise it is the error counter itself (NIM's failures), added above.
+            streamed = (30.0 if region == primary else 20.0) * step
+            if region in self.ttft:
+                self.ttft[region].observe(now, streamed, 0.12 if not breach else 0.2)
+            for signal, per_request in (("generated_tokens", 42), ("prompt_tokens", 230)):
+                found = self.src.series(signal)
+                if found is None:
+                    continue
+                labels = {**self.base(region), **_labels_matching(found.matchers)}
+                for name in found.names:
+                    add(name, labels, now, streamed * per_request / len(found.names))
 
 
 def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only the share
-    spec: Spec, scenario: Scenario, share: float, now: float, start: float, end: float, step: float
+    spec: Spec,
+    scenario: Scenario,
+    share: float,
+    now: float,
+    start: float,
+    end: float,
+    step: float,
+    model: str = MODEL,
 ) -> list[dict[str, str]]:
     """Label sets of the alerts firing at `share`, with each rule's own static labels."""
     static = {rule.alert: rule.labels for group in build_rule_groups(spec) for rule in group.alerts}
@@ -180,7 +438,7 @@ def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only t
         scenario.accuracy_regression.holds(share)
         and share > scenario.accuracy_regression.start + 0.03
     ):
-        fire("SemanticRollbackTwoSignal", model=MODEL, model_version="v2")
+        fire("SemanticRollbackTwoSignal", model=model, model_version="v2")
     if share > 0.92:
         fire("EmbeddingDrift", collection=COLLECTION, method="mmd")
     for spot in scenario.preemptions:
@@ -223,39 +481,6 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     def fam(name: str, kind: str) -> _Family:
         return fams.setdefault(name, _Family(name, kind))
 
-    src = spec.sources.resolve()
-    primary, *others = spec.regions
-    fallback = others[0] if others else primary
-    routes = [(primary, primary, "false"), (primary, fallback, "true")]
-    routes += [(region, region, "false") for region in others]
-    routes += [(region, primary, "true") for region in others]
-    histograms = {
-        (route, version): _Histogram(
-            fam,
-            src.required_name("request_duration"),
-            {
-                "region": route[0],
-                "served_region": route[1],
-                "rerouted": route[2],
-                "model": MODEL,
-                "model_version": version,
-                "status": "200",
-            },  # fmt: skip
-            src.buckets,
-        )
-        for route in routes
-        for version in ("v1", "v2")
-    }
-    ttft = {
-        (region, version): _Histogram(
-            fam,
-            catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.name,
-            {"served_region": region, "model": MODEL, "model_version": version},
-            TTFT_BUCKETS,
-        )
-        for region in spec.regions
-        for version in ("v1", "v2")
-    }
     runs_hist = {
         playbook: _Histogram(
             fam,
@@ -274,11 +499,16 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         )
         for spot in scenario.preemptions
     }
-    counters: dict[tuple[str, tuple[tuple[str, str], ...]], _Counter] = {}
+    counters = _Counters(fam)
+    traffic: _GatewayTraffic | _EngineTraffic = (
+        _EngineTraffic(spec, fam, counters)
+        if spec.sources.resolve().mirrored
+        else _GatewayTraffic(spec, fam, counters)
+    )
+    model = traffic.model
 
     def count(name: str, labels: dict[str, str], when: float, amount: float) -> None:
-        counter = counters.setdefault((name, tuple(sorted(labels.items()))), _Counter())
-        fam(name, "counter").add(labels, when, counter.add(amount))
+        counters.add(name, labels, when, amount)
 
     def gauge(name: str, labels: dict[str, str], when: float, value: float) -> None:
         fam(name, "gauge").add(labels, when, value)
@@ -299,39 +529,10 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         active = "v1" if share < scenario.version_switch else "v2"
         breach = scenario.latency_breach.holds(share)
         regressed = active == "v2" and scenario.accuracy_regression.holds(share)
-        # Gateway traffic: every label set is published at every step (zero once idle).
-        for (route, version), hist in histograms.items():
-            origin, served, rerouted = route
-            rps = 40.0 if origin == primary else 25.0
-            reroute_share = 0.20 if breach and origin == primary else 0.02
-            share_of_route = reroute_share if rerouted == "true" else 1 - reroute_share
-            requests = rps * step * share_of_route if version == active else 0.0
-            scale = 0.25 if rerouted == "false" else 0.34
-            if breach and origin == primary and rerouted == "false":
-                scale = 0.45
-            if regressed:
-                scale *= 1.25
-            hist.observe(now, requests, scale)
-            labels = dict(hist.labels)
-            count(src.required_name("requests").removesuffix("_total"), labels, now, requests)
-            error_rate = 0.004 if breach and origin == primary else 0.0004
-            count(src.required_name("errors").removesuffix("_total"), labels, now, requests * error_rate)
-        for source_region in spec.regions:
-            for target in spec.regions:
-                if source_region != target:
-                    moved = 40.0 * step * 0.18 if breach and source_region == primary else 0.3
-                    reroute = {"from_region": source_region, "to_region": target,
-                               "reason": "first_byte_budget"}  # fmt: skip
-                    count(catalog.LLM_REROUTES_TOTAL.family, reroute, now, moved)
-        for (region, version), hist in ttft.items():
-            requests = (30.0 if region == primary else 20.0) * step if version == active else 0.0
-            hist.observe(now, requests, 0.12 if not breach else 0.2)
-            tokens = {"served_region": region, "model": MODEL, "model_version": version}
-            count(catalog.LLM_GENERATED_TOKENS_TOTAL.family, tokens, now, requests * 42)
-            count(catalog.LLM_PROMPT_TOKENS_TOTAL.family, tokens, now, requests * 230)
+        traffic.step(now, step, active, breach, regressed)
         for region in spec.regions:
             for probe in ("healthz", "chat_dry_run"):
-                failing = breach and region == primary and probe == "chat_dry_run"
+                failing = breach and region == spec.regions[0] and probe == "chat_dry_run"
                 probe_labels = {"region": region, "probe": probe}
                 gauge(catalog.LLM_PROBE_SUCCESS.name, probe_labels, now, 0.0 if failing else 1.0)
                 gauge(
@@ -342,14 +543,14 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
                 )
         # Accuracy on the golden set and the versions' verified baselines.
         for version, (accuracy, p99) in {"v1": (0.90, 0.55), "v2": (0.905, 0.52)}.items():
-            labels = {"model": MODEL, "model_version": version}
+            labels = {"model": model, "model_version": version}
             evals = 2.0 * step if version == active else 0.0
             measured = accuracy - 0.025 if regressed and version == "v2" else accuracy
             count(catalog.LLM_EVAL_REQUESTS_TOTAL.family, labels, now, evals)
             count(catalog.LLM_EVAL_CORRECT_TOTAL.family, labels, now, evals * measured)
             gauge(catalog.MODEL_BASELINE_P99_SECONDS.name, labels, now, p99)
             gauge(catalog.MODEL_BASELINE_ACCURACY_RATIO.name, labels, now, accuracy)
-        info = {"model": MODEL, "version": active, "weights_hash": f"sha256-{active}-w",
+        info = {"model": model, "version": active, "weights_hash": f"sha256-{active}-w",
                 "config_hash": f"sha256-{active}-c"}  # fmt: skip
         gauge(catalog.MODEL_ACTIVE_INFO.name, info, now, 1.0)
         for adapter in ADAPTERS:
@@ -445,7 +646,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         for spot in scenario.preemptions:
             _spot_step(spot, spot.elapsed(now, start, end), now, step, gauge, count,
                        notice_hist[spot.node])  # fmt: skip
-        for alert in _active_alerts(spec, scenario, share, now, start, end, step):
+        for alert in _active_alerts(spec, scenario, share, now, start, end, step, model):
             gauge("ALERTS", alert, now, 1.0)
     return "".join(render_openmetrics(_families(fams)))
 
@@ -540,4 +741,4 @@ def _families(fams: dict[str, _Family]) -> Iterator[Family]:
             for metric, part in parts
             for labels, points in part.series.items()
         ]
-        yield Family(name, family.kind, series)
+        yield Family(name, None if family.kind == "untyped" else family.kind, series)

@@ -5,18 +5,24 @@ rules`, and the generated rule file loaded so recording and alerting go on live.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from redline.devstack.processes import Service, find_binary, start_prometheus
+from redline.devstack.processes import (
+    Service,
+    find_binary,
+    free_port,
+    http_ok,
+    start_service,
+)
 from redline.devstack.samples.dashboards import build_sample_openmetrics
 from redline.rules.build import build_rule_groups
 from redline.rules.model import RuleGroup, format_duration
 from redline.rules.render import render_rule_file, render_yaml
-from redline.slo import catalog
 from redline.slo.spec import Spec
 
 
@@ -38,19 +44,44 @@ class SamplePrometheus:
         self.service.stop()
 
 
-def build_backfill_groups(spec: Spec, step: float) -> tuple[list[RuleGroup], list[RuleGroup]]:
-    """The recording rules in two passes: those over raw series, then those over recorded ones
-    (promtool backfills each rule from the data already in Prometheus)."""
-    first: list[RuleGroup] = []
-    second: list[RuleGroup] = []
-    for group in build_rule_groups(spec):
-        raw = tuple(r for r in group.recordings if catalog.RECORD_PREFIX not in r.expr)
-        derived = tuple(r for r in group.recordings if catalog.RECORD_PREFIX in r.expr)
-        if raw:
-            first.append(RuleGroup(group.name, step, raw))
-        if derived:
-            second.append(RuleGroup(group.name, step, derived))
-    return first, second
+def build_backfill_groups(spec: Spec, step: float) -> list[list[RuleGroup]]:
+    """The recording rules in passes: those over scraped series first, then each rule in the
+    pass after the last recording it reads.
+
+    `promtool tsdb create-blocks-from rules` evaluates every rule against the data already in
+    Prometheus, never against what it is backfilling, so a recording of a recording needs the
+    pass before it loaded first. Engine profiles chain deepest: the version join, the mirror of
+    the engine's series (which reads the join), the quantiles and ratios over the mirror, then
+    what reads those.
+    """
+    groups = build_rule_groups(spec)
+    recorded = {rule.record for group in groups for rule in group.recordings}
+    reads: dict[str, set[str]] = {}
+    for group in groups:
+        for rule in group.recordings:
+            # Several rules may record one name (one per SLO): a name waits for all they read.
+            reads.setdefault(rule.record, set()).update(
+                name
+                for name in recorded - {rule.record}
+                if re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", rule.expr)
+            )
+    passes: dict[str, int] = {}
+
+    def depth(name: str, seen: frozenset[str] = frozenset()) -> int:
+        if name in seen:
+            raise BackfillError(f"recording rules read each other in a cycle through {name}")
+        if name not in passes:
+            inner = [depth(used, seen | {name}) for used in reads[name]]
+            passes[name] = 1 + max(inner) if inner else 0
+        return passes[name]
+
+    out: list[list[RuleGroup]] = [[] for _ in range(1 + max(map(depth, recorded), default=0))]
+    for group in groups:
+        for level, batch in enumerate(out):
+            rules = tuple(r for r in group.recordings if depth(r.record) == level)
+            if rules:
+                batch.append(RuleGroup(group.name, step, rules))
+    return out
 
 
 def build_prometheus_config(spec: Spec, rule_file: Path) -> dict[str, object]:
@@ -63,6 +94,40 @@ def build_prometheus_config(spec: Spec, rule_file: Path) -> dict[str, object]:
         },
         "rule_files": [str(rule_file)],
     }
+
+
+def lookback_delta(step: float) -> str:
+    """The sample Prometheus' `--query.lookback-delta`: just under one sample step.
+
+    Backfilled blocks carry no staleness markers, so with Prometheus' default 5 m lookback a
+    series that ends (the old version's `model_active_info` after a switch) would still be read
+    for 5 minutes beside its successor, which a scraped target's staleness marker prevents: the
+    version join would then see two active versions of one model and fail. A lookback shorter
+    than the step drops an ended series one step later, as a staleness marker does, while every
+    instant still finds exactly one sample of a live series (samples are one step apart).
+    """
+    return f"{max(1, round(step * 1000) - 1)}ms"
+
+
+def start_sample_prometheus_process(
+    workdir: Path, config: Path, step: float, port: int | None = None
+) -> Service:
+    """Prometheus on `workdir/data` with the lookback of the sample's step (`lookback_delta`);
+    otherwise the flags of `processes.start_prometheus`."""
+    port = port or free_port()
+    argv = [
+        find_binary("prometheus"),
+        f"--config.file={config}",
+        f"--storage.tsdb.path={workdir / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+        "--web.enable-admin-api",
+        "--storage.tsdb.retention.time=400d",
+        f"--query.lookback-delta={lookback_delta(step)}",
+        "--log.level=warn",
+    ]
+    ready = http_ok(f"http://127.0.0.1:{port}/-/ready")
+    return start_service("prometheus", argv, workdir / "prometheus.log", port, ready)
 
 
 def _run(argv: list[str]) -> None:
@@ -94,7 +159,7 @@ def start_sample_prometheus(
     rule_file.write_text(render_rule_file(build_rule_groups(spec), "sample"), "utf-8")
     config = workdir / "prometheus.yml"
     config.write_text(render_yaml(build_prometheus_config(spec, rule_file), "sample"), "utf-8")
-    service = start_prometheus(workdir, config)
+    service = start_sample_prometheus_process(workdir, config, step)
     try:
         for index, groups in enumerate(build_backfill_groups(spec, step)):
             if not groups:
@@ -109,7 +174,7 @@ def start_sample_prometheus(
             ])  # fmt: skip
             service.stop()
             _move_blocks(blocks, data)
-            service = start_prometheus(workdir, config, port=service.port)
+            service = start_sample_prometheus_process(workdir, config, step, port=service.port)
     except BaseException:
         service.stop()
         raise

@@ -1,6 +1,10 @@
-"""Every query of every committed dashboard runs against a real Prometheus holding hours of
-backfilled catalog series and recording rules: no query errors, each returns data, and the
-template variables filter as Grafana would fill them."""
+"""Every query of every dashboard runs against a real Prometheus holding hours of backfilled
+sample series and recording rules: no query errors, each returns data, and the template
+variables filter as Grafana would fill them.
+
+Run per source profile: the committed dashboards over redline's gateway series, and the vLLM
+profile's dashboards over vLLM's own series (no gateway), which reach the panels only through
+the rules' `redline:source:` mirror and the recordings over it."""
 
 from __future__ import annotations
 
@@ -12,17 +16,20 @@ from typing import Any
 import pytest
 
 from redline.dashboards.queries import GrafanaContext, panel_queries, substitute
-from redline.dashboards.render import BUILDERS, DASHBOARDS_DIR
+from redline.dashboards.render import BUILDERS, DASHBOARDS_DIR, build_dashboards, dashboard_json
 from redline.devstack.dashcheck.check import (
     check_dashboard,
     fetch_context,
     fetch_query_range,
     render_outcomes,
 )
+from redline.devstack.samples.dashboards import profile_spec
 from redline.devstack.samples.prometheus import SamplePrometheus, start_sample_prometheus
 from redline.platform.prometheus import PrometheusClient
 from redline.rules.build import p99_record
+from redline.slo import catalog
 from redline.slo.load import load_spec
+from redline.slo.sources import PROFILES
 from redline.slo.spec import Spec
 
 pytestmark = pytest.mark.integration
@@ -31,10 +38,14 @@ ROOT = Path(__file__).resolve().parents[3]
 HOURS = 3.0
 
 
-@pytest.fixture(scope="module")
-def spec() -> Spec:
-    """The spec the committed dashboards are generated from."""
-    return load_spec().spec
+GATEWAY = "redline-gateway"
+
+
+@pytest.fixture(scope="module", params=[GATEWAY, "vllm"])
+def spec(request: pytest.FixtureRequest) -> Spec:
+    """The spec the committed dashboards are generated from, or the same spec over vLLM."""
+    default = load_spec().spec
+    return default if request.param == GATEWAY else profile_spec(default, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +63,12 @@ def client(prometheus: SamplePrometheus) -> Iterator[PrometheusClient]:
         yield prom
 
 
-def _load(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((ROOT / DASHBOARDS_DIR / name).read_text("utf-8"))
-    return data
+def _load(name: str, spec: Spec) -> dict[str, Any]:
+    """The committed dashboard for the default spec, the built one for another profile."""
+    if spec.sources.profile == GATEWAY:
+        data: dict[str, Any] = json.loads((ROOT / DASHBOARDS_DIR / name).read_text("utf-8"))
+        return data
+    return dashboard_json(build_dashboards(spec)[name], spec.sources.profile)
 
 
 def _context(
@@ -69,7 +83,7 @@ def _context(
 def test_every_panel_query_returns_data(
     name: str, client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
 ) -> None:
-    dashboard = _load(name)
+    dashboard = _load(name, spec)
     context = _context(client, dashboard, prometheus, spec)
     for variable, selected in context.values.items():
         assert selected, f"{name}: variable ${variable} has no values"
@@ -81,10 +95,29 @@ def test_every_panel_query_returns_data(
     assert not bad, f"{name}: queries without data:\n" + render_outcomes(bad)
 
 
+def test_panels_over_an_engine_read_only_its_series_through_the_mirror(
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
+) -> None:
+    """Over vLLM Prometheus holds none of the gateway's request series: every request panel
+    that had data above read the engine's series through the rules' `redline:source:` mirror."""
+    names = set(client.label_values("__name__", None, prometheus.start, prometheus.end))
+    gateway = {catalog.LLM_REQUESTS_TOTAL.name, catalog.LLM_REQUEST_DURATION_SECONDS.bucket}
+    gateway |= {catalog.LLM_GENERATED_TOKENS_TOTAL.name, catalog.LLM_REROUTES_TOTAL.name}
+    if spec.sources.profile == GATEWAY:
+        assert gateway <= names
+        return
+    assert not gateway & names
+    engine = PROFILES[spec.sources.profile].series
+    assert f"{engine['request_duration'].names[0]}_bucket" in names
+    assert set(engine["errors"].names) <= names
+    mirrored = catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.bucket)
+    assert {mirrored, catalog.MODEL_ACTIVE_VERSION_RECORD} <= names
+
+
 def test_region_variable_lists_the_spec_regions_and_filters(
     client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
 ) -> None:
-    dashboard = _load("red-lines.json")
+    dashboard = _load("red-lines.json", spec)
     context = _context(client, dashboard, prometheus, spec)
     assert context.values["region"] == sorted(spec.regions)
     p99 = next(q for q in panel_queries(dashboard) if p99_record(spec) in q.expr)
@@ -103,7 +136,7 @@ def test_red_line_panels_show_the_breach_the_sample_holds(
 ) -> None:
     """The P99 panel crosses the spec's red line during the sample's latency incident, and the
     critical-alert annotation marks it: the queries measure the right thing, not just anything."""
-    dashboard = _load("red-lines.json")
+    dashboard = _load("red-lines.json", spec)
     context = _context(client, dashboard, prometheus, spec)
     p99 = next(q for q in panel_queries(dashboard) if p99_record(spec) in q.expr)
     result = fetch_query_range(client, substitute(p99.expr, context), context)
@@ -122,7 +155,7 @@ def test_preview_draws_every_panel_with_data(
     pytest.importorskip("matplotlib", reason="matplotlib comes with the dev extras")
     from redline.devstack.dashcheck.preview import fetch_annotation_spans, fetch_panels, render_png
 
-    dashboard = _load("red-lines.json")
+    dashboard = _load("red-lines.json", spec)
     context = _context(client, dashboard, prometheus, spec)
     panels = fetch_panels(client, dashboard, context)
     drawn = [p for p in panels if p.panel["type"] != "row"]
