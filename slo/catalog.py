@@ -233,6 +233,18 @@ VECTORDB_DELTA_LOG_REPLAYED_TOTAL = Metric(
     "Delta-log entries applied to the replica by replays.",
     (LABEL_COLLECTION, LABEL_REPLICA),
 )
+VECTORDB_DELTA_LOG_ENTRIES = Metric(
+    "vectordb_delta_log_entries",
+    "gauge",
+    "Entries the delta log holds (XLEN; trimming keeps it bounded).",
+    (LABEL_COLLECTION,),
+)
+VECTORDB_DELTA_LOG_MEMORY_BYTES = Metric(
+    "vectordb_delta_log_memory_bytes",
+    "gauge",
+    "Redis memory of the delta log stream (MEMORY USAGE, sampled estimate).",
+    (LABEL_COLLECTION,),
+)
 
 # --- sessions -------------------------------------------------------------------------------
 SESSION_CDC_RPO_SECONDS = Metric(
@@ -385,13 +397,44 @@ REDLINE_WEBHOOK_DUPLICATES_TOTAL = Metric(
 REDLINE_REMEDIATION_RUNS_TOTAL = Metric(
     "redline_remediation_runs_total",
     "counter",
-    "Playbook runs by final outcome (succeeded, failed, dry_run) or retry.",
+    "Playbook runs by final outcome (succeeded, failed, dry_run, shadow), retry, or skip "
+    "(off, paused, over_budget, breaker_open).",
     (LABEL_PLAYBOOK, LABEL_OUTCOME),
 )
 REDLINE_REMEDIATION_DURATION_SECONDS = Metric(
     "redline_remediation_duration_seconds",
     "histogram",
     "Duration of playbook runs (one attempt each).",
+    (LABEL_PLAYBOOK,),
+)
+REDLINE_REMEDIATION_BREAKER_OPEN = Metric(
+    "redline_remediation_breaker_open",
+    "gauge",
+    "1 while the playbook's breaker is open (it stopped acting after consecutive failures).",
+    (LABEL_PLAYBOOK,),
+)
+REDLINE_REMEDIATION_PAUSED = Metric(
+    "redline_remediation_paused",
+    "gauge",
+    "1 while a human has paused the playbook (redline remediation pause).",
+    (LABEL_PLAYBOOK,),
+)
+REDLINE_REMEDIATION_MODE = Metric(
+    "redline_remediation_mode",
+    "gauge",
+    "1 for the playbook's configured mode (act, shadow, off).",
+    (LABEL_PLAYBOOK, "mode"),
+)
+REDLINE_REMEDIATION_JOBS_OVERDUE = Metric(
+    "redline_remediation_jobs_overdue",
+    "gauge",
+    "Unfinished jobs (queued, running, waiting, retrying) older than their playbook's deadline.",
+    (LABEL_PLAYBOOK,),
+)
+REDLINE_REMEDIATION_OLDEST_JOB_AGE_SECONDS = Metric(
+    "redline_remediation_oldest_job_age_seconds",
+    "gauge",
+    "Age of the playbook's oldest unfinished job (0 when none).",
     (LABEL_PLAYBOOK,),
 )
 REDLINE_AUDIT_CHAIN_INTACT = Metric(

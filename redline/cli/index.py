@@ -1,8 +1,10 @@
 """`redline index ...`: the vector index write path from the command line.
 
 Thin: parses arguments, loads settings, calls `redline.platform.index`. `replicate` is the
-long-running replicator process; `replay`, `freeze`, `unfreeze`, `pause`, `resume`, `status` and
-`write-demo` are one-shot commands for playbooks, drills and operators.
+long-running replicator process (it also trims the log); `replay`, `freeze`, `unfreeze`, `pause`,
+`resume`, `status`, `trim`, `forget-target` and `write-demo` are one-shot commands for playbooks,
+drills and operators. A collection the write path cannot use stops a command at start-up, with
+the collection and the field named (exit 2).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from redline.platform.index import (
     DeltaLog,
     DeltaLogError,
     IndexConfig,
+    IndexSchemaError,
     IndexSettings,
     IndexWriter,
     MilvusTarget,
@@ -36,6 +39,7 @@ from redline.platform.index import (
     VectorIndexError,
     freeze_writes,
     replay_delta_log,
+    trim_delta_log,
     unfreeze_writes,
 )
 
@@ -95,6 +99,14 @@ LeaseOpt = Annotated[
     float | None,
     typer.Option("--lease-ttl", help="Seconds an applier's lease lasts.", show_default=False),
 ]
+RetentionOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--retention-seconds",
+        help="History kept behind the slowest checkpoint when trimming.",
+        show_default=False,
+    ),
+]
 TokenFileOpt = Annotated[
     Path | None,
     typer.Option("--milvus-token-file", help="File holding the Milvus token.", show_default=False),
@@ -103,7 +115,7 @@ TokenFileOpt = Annotated[
 
 @contextmanager
 def _open(
-    config: Path | None, token_file: Path | None = None, **overrides: Any
+    config: Path | None, token_file: Path | None = None, redis_only: bool = False, **overrides: Any
 ) -> Iterator[_Index]:
     try:
         settings = load_settings(IndexSettings, config, **overrides)
@@ -111,6 +123,12 @@ def _open(
         index = settings.collection_config(token.get_secret_value() if token else "")
     except (SettingsError, DeltaLogError) as exc:
         raise fail(str(exc), 2) from None
+    if index.replication == "external" and not redis_only:
+        raise fail(
+            f"{index.collection} is replicated by something else (replication: external): "
+            "redline's write path, replicator and replay do not apply to it",
+            2,
+        )
     client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     t = settings.milvus_timeout_seconds
     primary = MilvusTarget(index.primary, index.dim, t, index.metric_type)
@@ -118,6 +136,8 @@ def _open(
     try:
         yield _Index(settings, index, client, DeltaLog(client, index.collection, index.dim),
                      primary, replica)  # fmt: skip
+    except IndexSchemaError as exc:
+        raise fail(f"{type(exc).__name__}: {exc}", 2) from None
     except (redis.RedisError, MilvusException, VectorIndexError, DeltaLogError) as exc:
         raise fail(f"{type(exc).__name__}: {exc}", 1) from None
     finally:
@@ -135,7 +155,7 @@ def _open_replica(
 ) -> AbstractContextManager[_Index]:
     """Open the index for the Redis-only replica commands (`pause`, `resume`, `status`)."""
     overrides = _common(redis_url=redis_url, collection=collection, replica_name=replica_name)
-    return _open(config, None, **overrides)
+    return _open(config, None, redis_only=True, **overrides)
 
 
 @index_app.command()
@@ -151,27 +171,36 @@ def replicate(
     replica_name: ReplicaNameOpt = None,
     batch_size: BatchOpt = None,
     lease_ttl: LeaseOpt = None,
+    retention: RetentionOpt = None,
+    no_trim: Annotated[
+        bool, typer.Option("--no-trim", help="Do not trim the delta log from this process.")
+    ] = False,
     milvus_token_file: TokenFileOpt = None,
 ) -> None:
-    """Run the replicator: apply the delta log to the replica until SIGTERM/SIGINT."""
+    """Run the replicator: apply the delta log to the replica (and trim it) until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     overrides = _common(
         redis_url=redis_url, collection=collection, dim=dim, primary_uri=primary_uri,
         replica_uri=replica_uri, primary_collection=primary_collection,
         replica_collection=replica_collection, replica_name=replica_name,
-        batch_size=batch_size, lease_ttl_seconds=lease_ttl,
+        batch_size=batch_size, lease_ttl_seconds=lease_ttl, retention_seconds=retention,
     )  # fmt: skip
     with _open(config, milvus_token_file, **overrides) as ix:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-        _ensure(ix.replica)
+        _ensure(ix.replica, like=ix.primary)
+        _check_same_rows(ix)
+        ix.log.register_target(ix.replica.name)
         replicator = Replicator(
             ix.log,
             ix.replica,
             batch_size=ix.settings.batch_size,
             poll_interval_seconds=ix.settings.poll_interval_seconds,
             lease_ttl_seconds=ix.settings.lease_ttl_seconds,
+            retention_seconds=None if no_trim else ix.settings.retention_seconds,
+            trim_interval_seconds=ix.settings.trim_interval_seconds,
+            trim_chunk=ix.settings.trim_chunk,
         )
         err.print(
             f"replicating {ix.config.collection} -> {ix.replica.name} "
@@ -181,17 +210,34 @@ def replicate(
         replicator.run(stop)
 
 
-def _ensure(target: MilvusTarget, attempts: int = 60) -> None:
-    """Create/check the collection, retrying while Milvus starts."""
+def _ensure(target: MilvusTarget, attempts: int = 60, like: MilvusTarget | None = None) -> None:
+    """Create/check the collection (created like `like` when given), retrying while Milvus
+    starts; IndexSchemaError (no retry) when the write path cannot use it."""
     for attempt in range(attempts):
         try:
-            target.ensure_collection()
+            target.ensure_collection(like=like)
             return
         except MilvusException as exc:
             if attempt == attempts - 1:
                 raise
             err.print(f"waiting for Milvus at {target.spec.uri}: {exc}", markup=False)
             time.sleep(1.0)
+
+
+def _check_same_rows(ix: _Index) -> None:
+    """Refuse a replica that cannot hold the primary's rows (skipped while the primary is down:
+    the replica must be replicated to precisely when the primary fails)."""
+    try:
+        primary = ix.primary.schema()
+    except MilvusException as exc:
+        err.print(f"primary not described ({exc}); replica schema not compared", markup=False)
+        return
+    problems = primary.differences(ix.replica.schema())
+    if problems:
+        raise IndexSchemaError(
+            f"collection {ix.replica.collection} on {ix.replica.name} cannot hold the rows of "
+            f"{ix.primary.collection} on {ix.primary.name}: {'; '.join(problems)}"
+        )
 
 
 @index_app.command()
@@ -222,7 +268,8 @@ def replay(
         batch_size=batch_size, lease_ttl_seconds=lease_ttl,
     )  # fmt: skip
     with _open(config, milvus_token_file, **overrides) as ix:
-        ix.replica.ensure_collection()
+        ix.replica.ensure_collection(like=ix.primary)
+        ix.log.register_target(ix.replica.name)
         report = replay_delta_log(
             ix.log,
             ix.replica,
@@ -245,7 +292,9 @@ def freeze(
     collection: CollectionOpt = None,
 ) -> None:
     """Freeze writes to the primary (they keep landing in the delta log)."""
-    with _open(config, None, **_common(redis_url=redis_url, collection=collection)) as ix:
+    with _open(
+        config, None, redis_only=True, **_common(redis_url=redis_url, collection=collection)
+    ) as ix:
         state = freeze_writes(ix.log, ix.primary.name, reason)
         out.print(json.dumps(asdict(state)), markup=False)
 
@@ -321,8 +370,51 @@ def status(
                 "regions": sorted(state.regions),
             },
             "unfinished_replay": ix.log.replay_range(name),
+            "targets": ix.log.targets(),
+            "trimmed_at": ix.log.trimmed_point(),
+            "memory_bytes": ix.log.memory_bytes(),
         }
         out.print(json.dumps(report), markup=False)
+
+
+@index_app.command()
+def trim(
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+    retention: RetentionOpt = None,
+    chunk: Annotated[
+        int | None, typer.Option("--chunk", help="Entries per XTRIM call.", show_default=False)
+    ] = None,
+    pause_seconds: Annotated[
+        float, typer.Option("--pause-seconds", help="Pause between two XTRIM calls.")
+    ] = 0.0,
+) -> None:
+    """Trim the delta log at what every registered copy allows, prune tombstones (JSON report)."""
+    overrides = _common(
+        redis_url=redis_url, collection=collection, retention_seconds=retention, trim_chunk=chunk
+    )
+    with _open(config, None, redis_only=True, **overrides) as ix:
+        report = trim_delta_log(
+            ix.log, ix.settings.retention_seconds, ix.settings.trim_chunk, pause_seconds
+        )
+        out.print(json.dumps(report.summary()), markup=False)
+
+
+@index_app.command("forget-target")
+def forget_target(
+    name: Annotated[str, typer.Argument(help="Target (replica) that is gone for good.")],
+    config: ConfigOpt = None,
+    redis_url: RedisOpt = None,
+    collection: CollectionOpt = None,
+) -> None:
+    """Stop keeping the delta log for a target that is gone (it must be rebuilt to return)."""
+    with _open(
+        config, None, redis_only=True, **_common(redis_url=redis_url, collection=collection)
+    ) as ix:
+        if not ix.log.forget_target(name):
+            raise fail(f"{name} is not a registered target of {ix.config.collection}", 1)
+        out.print(json.dumps({"forgotten": name}), markup=False)
 
 
 @index_app.command("write-demo")

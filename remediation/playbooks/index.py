@@ -1,8 +1,10 @@
 """`freeze_writes`, `delta_log_replay`, `freeze_and_replay`: keep the vector index consistent.
 
 Target: the alert's `collection` label, a logical collection configured under
-`vector_index.collections` (its delta log in Redis, its primary and replica on Milvus). The work
-is done by `redline.platform.index`; these playbooks sequence it, record it and decide.
+`vector_index.collections` (its delta log in Redis, its primary and replica on Milvus: any
+collection whose schema the write path can use, described from Milvus). The work is done by
+`redline.platform.index`; these playbooks sequence it, record it and decide. A pair replicated
+by something else (`replication: external`) is refused: redline has no delta log to replay.
 
 - `freeze`: set the freeze flag the index writer honours. Writes keep landing in the delta log
   (that append is their acknowledgement), so none is lost; they reach the primary on unfreeze.
@@ -86,9 +88,15 @@ def build_index_config(name: str, settings: VectorIndexSettings, token: str = ""
             f"(configured: {known})"
         )
     try:
-        return section.index_config(name, section.dim, token)
-    except DeltaLogError as exc:
+        config = section.index_config(name, section.dim, token)
+    except (DeltaLogError, SettingsError) as exc:
         raise PlaybookError(f"vector_index.collections.{name}: {exc}") from None
+    if config.replication == "external":
+        raise PlaybookError(
+            f"vector_index.collections.{name}: replicated by something else (replication: "
+            "external); freeze and replay need redline's delta log"
+        )
+    return config
 
 
 def firing_replay(job: Job | None) -> tuple[dict[str, Any] | None, str]:
@@ -166,6 +174,11 @@ class _IndexPlaybook(Playbook):
     def plan(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
         """The playbook's steps, described from the current state (read only)."""
         with self._open(ctx) as index:
+            if REPLAY in self.steps and index.replica.client().has_collection(
+                index.replica.collection
+            ):
+                # a collection the write path cannot use fails the plan, named, not the replay
+                index.replica.schema()
             frozen = index.log.freeze_state()
             state = index.log.target_state(index.replica.name)
             pending, age = index.log.pending(index.replica.name, state)
@@ -254,7 +267,8 @@ class _IndexPlaybook(Playbook):
 
     def _replay(self, ctx: PlaybookContext, index: _Index) -> StepResult:
         ctx.ensure_lease()
-        index.replica.ensure_collection()
+        # A missing replica is created like the primary (only then is the primary described).
+        index.replica.ensure_collection(like=index.primary)
 
         def on_batch(batch: BatchResult) -> None:
             ctx.record(

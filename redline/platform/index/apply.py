@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from redline.platform.index.deltalog import DeltaLog, TargetState, new_token
-from redline.platform.index.entries import ZERO_ID, Entry, Version
-from redline.platform.index.errors import LeaseBusyError
+from redline.platform.index.entries import ZERO_ID, Entry, Version, parse_stream_id
+from redline.platform.index.errors import DeltaLogError, LeaseBusyError
 from redline.platform.index.milvus import MilvusTarget, RowState
 
 # ---------------------------------------------------------------------------------------------
@@ -42,6 +42,8 @@ def build_resolution(
     # plain tuples, because this loop runs once per entry on the replay's hot path
     state: dict[str, tuple[tuple[int, str], str, str]] = {}
     for row_id, row in rows.items():
+        if row.version.ts_ms < 0:
+            continue  # a row redline never wrote (no version): any write replaces it
         state[row_id] = ((row.version.ts_ms, row.version.region), "upsert", row.checksum)
     for row_id, version in tombstones.items():
         held = state.get(row_id)
@@ -124,6 +126,13 @@ class DeltaApplier:
         try:
             state = self.log.target_state(name)
             checkpoint = state.checkpoint
+            trimmed = self.log.trimmed_point()
+            if parse_stream_id(checkpoint) < parse_stream_id(trimmed):
+                raise DeltaLogError(
+                    f"target {name} of {self.log.collection} is at {checkpoint}, behind the "
+                    f"log's trim point {trimmed}: entries it never applied were trimmed (it was "
+                    "not registered); rebuild it from a copy, then set its checkpoint"
+                )
             if prefetched is not None and prefetched[0] == checkpoint:
                 entries = prefetched[1][:batch_size]
             else:
@@ -143,7 +152,7 @@ class DeltaApplier:
                 resolution = build_resolution(entries, rows, tombstones)
                 stale_tombstones = [e.id for e in resolution.upserts if e.id in tombstones]
             deletes = {e.id: e.version for e in resolution.deletes}
-            self.log.set_tombstones(name, deletes)
+            self.log.set_tombstones(name, deletes, {e.id: e.stream_id for e in resolution.deletes})
             self.target.delete(list(deletes))
             self.target.upsert(resolution.upserts)
             self.log.clear_tombstones(name, stale_tombstones)

@@ -8,13 +8,16 @@ only after the batch it covers has been applied.
 
 Redis keys, for `redline:index:<collection>`:
 - `:log` stream; entry fields `op` (u|d), `id`, `vector` (float32 little-endian bytes, empty for
-  deletes), `region`, `ts_ms`, `checksum` (first 32 hex digits of the vector bytes' SHA-256);
+  deletes), `region`, `ts_ms`, `checksum` (first 32 hex digits of a SHA-256 of the row, see
+  `entries.row_checksum`), and `fields` (canonical JSON of the row's other fields) when it has any;
 - `:frozen` hash (`reason`, `since`, `at_ms`) while writes are frozen;
 - `:target:<name>` hash: `checkpoint`, `offset` (entries read, for the pending count),
   `checkpoint_ms`, counters `applied`, `conflicts`, `replayed`, and `high_ts_ms`, `regions`;
-- `:target:<name>:lease` (one applier at a time), `:tombstones` (id -> "ts_ms|region" of applied
-  deletes), `:paused` (replicator pause flag), `:replay` (range of an unfinished replay),
-  `:canary` (the staleness probe's outstanding canary).
+- `:target:<name>:lease` (one applier at a time), `:tombstones` (id -> "ts_ms|region|stream id"
+  of applied deletes), `:paused` (replicator pause flag), `:replay` (range of an unfinished
+  replay), `:canary` (the staleness probe's outstanding canary);
+- `:targets` hash: every target that applies the log -> its role (`replica`, or `primary` once
+  a freeze named it), which the trim must wait for; `:trimmed`, the highest MINID trimmed at.
 
 The entries themselves (fields, packing, stream ids, checksums) are `entries`' concern.
 """
@@ -87,20 +90,23 @@ for i, entry in ipairs(rows) do
   local ts, sum, vec = f['ts_ms'] or '', f['checksum'] or '', f['vector'] or ''
   local op = string.sub(f['op'] or '?', 1, 1)
   if op == '' then op = '?' end
-  out[i] = struct.pack('>c1HHHHHI', op, #sid, #id, #region, #ts, #sum, #vec)
-    .. sid .. id .. region .. ts .. sum .. vec
+  local fields = f['fields'] or ''
+  out[i] = struct.pack('>c1HHHHHII', op, #sid, #id, #region, #ts, #sum, #vec, #fields)
+    .. sid .. id .. region .. ts .. sum .. vec .. fields
 end
 return out
 """
 
-# KEYS: target hash, lease. ARGV: token, new checkpoint, entries, conflicts, replayed, now_ms, log,
-# the batch's highest ts_ms, then the batch's regions. Besides the checkpoint, it keeps the highest
-# ts_ms and the set of regions ever applied, which let a batch that is newer than anything the
-# target holds, from its only region, skip reading the target's versions.
+# KEYS: target hash, lease, targets registry. ARGV: token, new checkpoint, entries, conflicts,
+# replayed, now_ms, log, the batch's highest ts_ms, the target's name, then the batch's regions.
+# Besides the checkpoint, it keeps the highest ts_ms and the set of regions ever applied, which let
+# a batch that is newer than anything the target holds, from its only region, skip reading the
+# target's versions; and it registers the target, so no trim removes what it has not applied.
 _ADVANCE = (
     _LUA_ID_GT
     + """
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
+redis.call('HSETNX', KEYS[3], ARGV[9], 'replica')
 local current = redis.call('HGET', KEYS[1], 'checkpoint') or '0-0'
 if not id_gt(ARGV[2], current) then return 0 end
 local offset = redis.call('HGET', KEYS[1], 'offset')
@@ -119,7 +125,7 @@ redis.call('HINCRBY', KEYS[1], 'replayed', ARGV[5])
 local high = tonumber(redis.call('HGET', KEYS[1], 'high_ts_ms') or '-1')
 if tonumber(ARGV[8]) > high then redis.call('HSET', KEYS[1], 'high_ts_ms', ARGV[8]) end
 local regions = redis.call('HGET', KEYS[1], 'regions') or ''
-for i = 9, #ARGV do
+for i = 10, #ARGV do
   if not string.find(',' .. regions .. ',', ',' .. ARGV[i] .. ',', 1, true) then
     if regions == '' then regions = ARGV[i] else regions = regions .. ',' .. ARGV[i] end
   end
@@ -144,11 +150,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
-# KEYS: frozen flag, log, primary target hash. ARGV: reason, now_ms, since ('' = log tail).
-# The primary catch-up starts after `since`; a second freeze keeps the earliest `since`.
+# KEYS: frozen flag, log, primary target hash, targets registry. ARGV: reason, now_ms, since
+# ('' = log tail), primary name. The primary catch-up starts after `since`; a second freeze keeps
+# the earliest `since`. The primary is registered, so a trim keeps what its catch-up needs.
 _FREEZE = (
     _LUA_ID_GT
     + """
+redis.call('HSET', KEYS[4], ARGV[4], 'primary')
 local since = ARGV[3]
 if since == '' then
   since = '0-0'
@@ -186,6 +194,28 @@ return 0
 """
 )
 
+# KEYS: tombstones. ARGV: field, value pairs. Delete each field only if it still holds the value
+# read (a delete recorded again in between is newer and stays).
+_PRUNE = """
+local n = 0
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    n = n + redis.call('HDEL', KEYS[1], ARGV[i])
+  end
+end
+return n
+"""
+
+# KEYS: trimmed. ARGV: point. Raise the recorded trim point (never lower it).
+_RAISE_TRIMMED = (
+    _LUA_ID_GT
+    + """
+local held = redis.call('GET', KEYS[1])
+if held == false or id_gt(ARGV[1], held) then redis.call('SET', KEYS[1], ARGV[1]) end
+return redis.call('GET', KEYS[1])
+"""
+)
+
 
 @dataclass(frozen=True)
 class FreezeState:
@@ -212,6 +242,21 @@ class TargetState:
 
 
 @dataclass(frozen=True)
+class TrimNeeds:
+    """What the log must keep: each replica's checkpoint, each unfinished replay's start and the
+    freeze point (entries after each are needed)."""
+
+    checkpoints: Mapping[str, str]
+    replays: Mapping[str, str]
+    frozen_since: str | None
+
+    def ids(self) -> list[str]:
+        """Every id after which entries are needed."""
+        found = [*self.checkpoints.values(), *self.replays.values()]
+        return found + ([self.frozen_since] if self.frozen_since is not None else [])
+
+
+@dataclass(frozen=True)
 class LogInfo:
     """What XINFO STREAM says about the log (zeros when it does not exist yet)."""
 
@@ -235,6 +280,8 @@ class DeltaLog:
         self.prefix = f"redline:index:{collection}"
         self.stream_key = f"{self.prefix}:log"
         self.frozen_key = f"{self.prefix}:frozen"
+        self.targets_key = f"{self.prefix}:targets"
+        self.trimmed_key = f"{self.prefix}:trimmed"
         self._append = client.register_script(_APPEND)
         self._read = client.register_script(_READ)
         self._advance = client.register_script(_ADVANCE)
@@ -242,6 +289,8 @@ class DeltaLog:
         self._release = client.register_script(_RELEASE)
         self._freeze = client.register_script(_FREEZE)
         self._unfreeze = client.register_script(_UNFREEZE_IF_CAUGHT_UP)
+        self._prune = client.register_script(_PRUNE)
+        self._raise_trimmed = client.register_script(_RAISE_TRIMMED)
 
     # keys ------------------------------------------------------------------------------------
 
@@ -272,12 +321,17 @@ class DeltaLog:
     # appends ---------------------------------------------------------------------------------
 
     def append(
-        self, ops: Sequence[tuple[Op, str, Vector | None]], region: str, ts_ms: int
+        self,
+        ops: Sequence[tuple[Op, str, Vector | None] | tuple[Op, str, Vector | None, bytes]],
+        region: str,
+        ts_ms: int,
     ) -> list[tuple[str, bool]]:
-        """Append entries in order; per entry its stream id and whether writes were frozen."""
+        """Append entries in order (op, id, vector and optionally the payload's canonical JSON);
+        per entry its stream id and whether writes were frozen."""
         pipe = self.redis.pipeline(transaction=False)
-        for op, row_id, vector in ops:
-            fields = build_fields(op, row_id, region, ts_ms, vector)
+        for item in ops:
+            payload = item[3] if len(item) == 4 else b""
+            fields = build_fields(item[0], item[1], region, ts_ms, item[2], payload)
             argv: list[bytes] = []
             for name, value in fields.items():
                 argv += [name.encode(), value]
@@ -354,13 +408,15 @@ class DeltaLog:
             tombstones=int(tombstones),
         )
 
-    def pending(self, target: str, state: TargetState | None = None) -> tuple[int, float | None]:
+    def pending(
+        self, target: str, state: TargetState | None = None, info: LogInfo | None = None
+    ) -> tuple[int, float | None]:
         """(entries after the target's checkpoint, age in seconds of the oldest of them).
 
-        Two commands whatever the backlog: XINFO STREAM and one XRANGE ... COUNT 1.
+        Two commands whatever the backlog: XINFO STREAM (unless given) and one XRANGE ... COUNT 1.
         """
         state = state or self.target_state(target)
-        info = self.info()
+        info = info or self.info()
         if info.length == 0 or parse_stream_id(info.last_id) <= parse_stream_id(state.checkpoint):
             return 0, None
         if state.offset is None:
@@ -387,7 +443,7 @@ class DeltaLog:
         """Move the checkpoint forward after a batch; LeaseLostError if the lease is not ours."""
         result = int(
             self._advance(
-                keys=[self.target_key(target), self.lease_key(target)],
+                keys=[self.target_key(target), self.lease_key(target), self.targets_key],
                 args=[
                     token,
                     checkpoint,
@@ -397,6 +453,7 @@ class DeltaLog:
                     int(time.time() * 1000),
                     self.stream_key,
                     high_ts_ms,
+                    target,
                     *sorted(set(regions)),
                 ],
             )
@@ -422,15 +479,46 @@ class DeltaLog:
         found: dict[str, Version] = {}
         for row_id, value in zip(ids, values, strict=True):
             if value is not None:
-                ts, _, region = _text(value).partition("|")
-                found[row_id] = Version(int(ts), region)
+                ts, region, _ = parse_tombstone(value)
+                found[row_id] = Version(ts, region)
         return found
 
-    def set_tombstones(self, target: str, deletes: Mapping[str, Version]) -> None:
-        """Record deletes before they are applied, so a newer-looking late upsert cannot win."""
+    def set_tombstones(
+        self,
+        target: str,
+        deletes: Mapping[str, Version],
+        stream_ids: Mapping[str, str] | None = None,
+    ) -> None:
+        """Record deletes before they are applied, so a newer-looking late upsert cannot win; the
+        delete's stream id tells the pruning when every copy is past it."""
         if deletes:
-            mapping = {k: f"{v.ts_ms}|{v.region}" for k, v in deletes.items()}
+            sids = stream_ids or {}
+            mapping = {
+                k: f"{v.ts_ms}|{v.region}|{sids.get(k, '')}".rstrip("|") for k, v in deletes.items()
+            }
             self.redis.hset(self.tombstone_key(target), mapping=mapping)  # type: ignore[arg-type]
+
+    def prune_tombstones(self, target: str, before: str, count: int = 1000) -> int:
+        """Forget the target's deletes recorded before stream id `before` (by their entry, or by
+        their ts_ms for records without one); HSCAN in chunks, each field deleted only if it did
+        not change since it was read. Returns how many went."""
+        key = self.tombstone_key(target)
+        limit = parse_stream_id(before)
+        cursor, pruned = 0, 0
+        while True:
+            cursor, chunk = cast(
+                tuple[int, dict[bytes, bytes]], self.redis.hscan(key, cursor, count=count)
+            )
+            stale: list[bytes] = []
+            for field, value in chunk.items():
+                ts, _, sid = parse_tombstone(value)
+                at = parse_stream_id(sid) if sid else (ts, 0)
+                if at < limit:
+                    stale += [field, value]
+            if stale:
+                pruned += int(self._prune(keys=[key], args=stale))
+            if cursor == 0:
+                return pruned
 
     def clear_tombstones(self, target: str, ids: Sequence[str]) -> None:
         """Forget deletes that a newer upsert has overridden."""
@@ -442,8 +530,8 @@ class DeltaLog:
     def freeze(self, reason: str, primary: str, since: str | None = None) -> str:
         """Set the freeze flag; returns the id after which the primary misses entries."""
         result = self._freeze(
-            keys=[self.frozen_key, self.stream_key, self.target_key(primary)],
-            args=[reason, int(time.time() * 1000), since or ""],
+            keys=[self.frozen_key, self.stream_key, self.target_key(primary), self.targets_key],
+            args=[reason, int(time.time() * 1000), since or "", primary],
         )
         return _text(result)
 
@@ -480,6 +568,68 @@ class DeltaLog:
         """Forget the range once its verification passed."""
         self.redis.delete(self.replay_key(target))
 
+    # registry and trimming -------------------------------------------------------------------
+
+    def register_target(self, target: str, role: str = "replica") -> None:
+        """Make the trim wait for `target` (a replica registers before it first applies)."""
+        if role == "primary":
+            self.redis.hset(self.targets_key, target, role)
+        else:
+            self.redis.hsetnx(self.targets_key, target, role)
+
+    def forget_target(self, target: str) -> bool:
+        """Stop waiting for a target that is gone for good; True if it was registered."""
+        return bool(self.redis.hdel(self.targets_key, target))
+
+    def targets(self) -> dict[str, str]:
+        """Registered targets and their roles."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.targets_key))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    def trim_needs(self) -> TrimNeeds:
+        """What the log must keep now. Each value only moves forward (checkpoints), or starts
+        at or after a value read here (a replay starts at its target's checkpoint, a freeze at
+        the tail), so reading them one after the other is safe."""
+        targets = self.targets()
+        pipe = self.redis.pipeline(transaction=False)
+        for name in targets:
+            pipe.hget(self.target_key(name), "checkpoint")
+            pipe.hget(self.replay_key(name), "after")
+        pipe.hget(self.frozen_key, "since")
+        raw = pipe.execute()
+        checkpoints: dict[str, str] = {}
+        replays: dict[str, str] = {}
+        for i, (name, role) in enumerate(targets.items()):
+            checkpoint, after = raw[2 * i], raw[2 * i + 1]
+            if role != "primary":  # the primary needs the log only while frozen: since below
+                checkpoints[name] = _text(checkpoint) if checkpoint is not None else ZERO_ID
+            if after is not None:
+                replays[name] = _text(after)
+        since = raw[-1]
+        return TrimNeeds(checkpoints, replays, _text(since) if since is not None else None)
+
+    def trimmed_point(self) -> str:
+        """The highest MINID the log was trimmed at (`0-0`: never trimmed)."""
+        value = self.redis.get(self.trimmed_key)
+        return _text(value) if value is not None else ZERO_ID
+
+    def record_trim(self, point: str) -> str:
+        """Record a trim point before trimming at it (so a target behind it is detected)."""
+        return _text(self._raise_trimmed(keys=[self.trimmed_key], args=[point]))
+
+    def trim_chunk(self, point: str, limit: int) -> int:
+        """Remove up to about `limit` entries older than `point` (whole stream nodes, cheap);
+        when none goes that way, the few left in the node holding `point` go exactly."""
+        removed = int(self.redis.xtrim(self.stream_key, minid=point, approximate=True, limit=limit))
+        if removed == 0:
+            removed = int(self.redis.xtrim(self.stream_key, minid=point, approximate=False))
+        return removed
+
+    def memory_bytes(self) -> int:
+        """Redis' estimate of the log's memory (MEMORY USAGE, sampled; 0 when absent)."""
+        value = self.redis.memory_usage(self.stream_key)
+        return int(value) if value is not None else 0
+
     # pause -----------------------------------------------------------------------------------
 
     def set_paused(self, target: str, paused: bool) -> None:
@@ -492,6 +642,12 @@ class DeltaLog:
     def is_paused(self, target: str) -> bool:
         """True while the target's replicator is paused."""
         return bool(self.redis.exists(self.pause_key(target)))
+
+
+def parse_tombstone(value: str | bytes) -> tuple[int, str, str]:
+    """(ts_ms, region, stream id or "") of a tombstone ("ts_ms|region[|stream id]")."""
+    parts = _text(value).split("|")
+    return int(parts[0]), parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else ""
 
 
 def new_token() -> str:

@@ -1,6 +1,11 @@
 """The delta log's entries: stream ids, row ids and regions, vectors and their checksums, and
 an entry's two encodings (its stream fields, and the packed form the read script returns).
 
+An upsert carries the row's vector and, for a collection with more than a primary key and a
+vector, its other fields as `payload`: canonical JSON (sorted keys, no spaces) of the scalar and
+dynamic fields, normalised to what Milvus stores (`redline.platform.index.schema`). The checksum
+covers both, so a row read back from any copy can be checked field by field against its write.
+
 All pure; the Redis side is `redline.platform.index.deltalog`.
 """
 
@@ -67,6 +72,16 @@ def vector_checksum(vector: Vector | Sequence[float]) -> str:
     return hashlib.sha256(data).hexdigest()[:32]
 
 
+def row_checksum(vector: Vector | Sequence[float], payload: bytes = b"") -> str:
+    """The checksum of a row: its vector's alone when it has no other fields (so rows of the
+    original `id, vector` schema keep theirs), else SHA-256 of the vector bytes, a NUL and the
+    canonical JSON of the other fields."""
+    if not payload:
+        return vector_checksum(vector)
+    data = np.asarray(vector, dtype="<f4").tobytes() + b"\0" + payload
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
 def check_id(value: str) -> str:
     """A row id usable in the log and in Milvus expressions; DeltaLogError otherwise."""
     if not isinstance(value, str) or not ID_PATTERN.match(value):
@@ -108,6 +123,8 @@ class Entry:
     ts_ms: int
     checksum: str
     vector: Vector | None
+    payload: bytes = b""
+    """Canonical JSON of the row's other fields (empty: none, or a delete)."""
 
     @property
     def version(self) -> Version:
@@ -116,17 +133,18 @@ class Entry:
 
 
 def build_fields(
-    op: Op, row_id: str, region: str, ts_ms: int, vector: Vector | None
+    op: Op, row_id: str, region: str, ts_ms: int, vector: Vector | None, payload: bytes = b""
 ) -> dict[str, bytes]:
-    """The stream fields of an entry; the vector is raw float32 little-endian bytes."""
+    """The stream fields of an entry; the vector is raw float32 little-endian bytes, `fields`
+    (only when the row has other fields) their canonical JSON."""
     if op == "upsert":
         if vector is None:
             raise DeltaLogError(f"upsert of {row_id!r} without a vector")
         blob = np.asarray(vector, dtype="<f4").tobytes()
-        checksum = vector_checksum(vector)
+        checksum = row_checksum(vector, payload)
     else:
-        blob, checksum = b"", ""
-    return {
+        blob, checksum, payload = b"", "", b""
+    fields = {
         "op": b"u" if op == "upsert" else b"d",
         "id": row_id.encode(),
         "vector": blob,
@@ -134,6 +152,9 @@ def build_fields(
         "ts_ms": str(ts_ms).encode(),
         "checksum": checksum.encode(),
     }
+    if payload:
+        fields["fields"] = payload
+    return fields
 
 
 def parse_entry(stream_id: str | bytes, fields: Mapping[bytes, bytes], dim: int) -> Entry:
@@ -154,13 +175,14 @@ def parse_entry(stream_id: str | bytes, fields: Mapping[bytes, bytes], dim: int)
                 f"delta-log entry {sid}: vector has {len(blob)} bytes, expected {4 * dim}"
             )
         vector: Vector | None = np.frombuffer(blob, dtype="<f4").astype(np.float32)
-        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector)
+        payload = fields.get(b"fields", b"")
+        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector, payload)
     if op_raw == b"d":
         return Entry(sid, "delete", row_id, region, ts_ms, "", None)
     raise DeltaLogError(f"delta-log entry {sid}: unknown op {op_raw!r} (expected u or d)")
 
 
-_PACKED = struct.Struct(">cHHHHHI")
+_PACKED = struct.Struct(">cHHHHHII")
 
 
 def parse_packed(blob: bytes, dim: int) -> Entry:
@@ -170,7 +192,8 @@ def parse_packed(blob: bytes, dim: int) -> Entry:
 
 
 def parse_packed_at(blob: bytes, start: int, dim: int) -> tuple[Entry, int]:
-    """Decode the entry packed at `start`; returns it and where the next one starts."""
+    """Decode the entry packed at `start` (op, 7 lengths, then stream id, id, region, ts_ms,
+    checksum, vector bytes, fields JSON); returns it and where the next one starts."""
     truncated = f"delta-log read returned a truncated entry ({len(blob)} bytes)"
     try:
         op, *lengths = _PACKED.unpack_from(blob, start)
@@ -199,7 +222,8 @@ def parse_packed_at(blob: bytes, start: int, dim: int) -> tuple[Entry, int]:
                 f"delta-log entry {sid}: vector has {lengths[5]} bytes, expected {4 * dim}"
             )
         vector = np.frombuffer(blob, dtype="<f4", count=dim, offset=pos).astype(np.float32)
-        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector), end
+        payload = blob[pos + lengths[5] : end] if lengths[6] else b""
+        return Entry(sid, "upsert", row_id, region, ts_ms, checksum, vector, payload), end
     if op == b"d":
         return Entry(sid, "delete", row_id, region, ts_ms, "", None), end
     raise DeltaLogError(f"delta-log entry {sid}: unknown op {op!r} (expected u or d)")

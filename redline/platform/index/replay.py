@@ -106,6 +106,7 @@ def replay_delta_log(
             end = record[1]
     if parse_stream_id(end) < parse_stream_id(after):
         end = after
+    deltalog.register_target(name)  # before the range is recorded: a trim must see it
     deltalog.set_replay_range(name, after, end)
     applier = DeltaApplier(deltalog, target, lease_ttl_seconds, replay=True)
     entries = upserts = deletes = conflicts = superseded = batches = 0

@@ -1,25 +1,42 @@
 """Where an index lives: its two copies (TargetSpec), one logical collection (IndexConfig) and
-the settings fields every settings class pointing at an index shares (IndexTargetsFields)."""
+the settings fields every settings class pointing at an index shares (IndexTargetsFields).
+
+Credentials: a Milvus token (`milvus_token`, env only, or `milvus_token_file` of the settings
+class), or `milvus_user` with `milvus_password` (env only) / `milvus_password_file`; a copy's own
+`primary_token_file` / `replica_token_file` wins over both (two Zilliz clusters, two keys). They
+are read once, kept out of every repr and never logged.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, Field, PositiveFloat, PositiveInt, SecretStr
+from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, PositiveInt, SecretStr
 
-from redline.core.settings import ServiceSettings
+from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.index.entries import check_id, check_region
 from redline.platform.index.errors import DeltaLogError
+from redline.platform.index.schema import Bookkeeping
+
+Replication = Literal["redline", "external"]
 
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """Where a copy of the index lives: a Milvus URI, a collection and a name for keys/labels."""
+    """Where a copy of the index lives: a Milvus URI, a collection and a name for keys/labels,
+    its credentials, which vector field the delta log carries (None: the only FLOAT_VECTOR),
+    where row versions live (`schema.Bookkeeping`) and the gRPC keepalive (None: by URI)."""
 
     uri: str
     collection: str
     name: str
     token: str = field(default="", repr=False)
+    vector_field: str | None = None
+    bookkeeping: Bookkeeping = "auto"
+    keepalive_seconds: float | None = None
+    idle_pings: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,9 @@ class IndexConfig:
     replica: TargetSpec
     region: str = "primary"
     metric_type: str = "COSINE"
+    replication: Replication = "redline"
+    """`redline`: redline's replicator copies the delta log; `external`: something else (Milvus
+    CDC, a vendor's replication) copies the primary, redline only measures it."""
 
     def __post_init__(self) -> None:
         check_id(self.collection)
@@ -58,29 +78,79 @@ class IndexTargetsFields(BaseModel):
     replica_collection: str | None = Field(None, description="Replica collection (= collection).")
     replica_name: str = Field("replica", description="Name of the replica (keys, labels).")
     metric_type: str = Field("COSINE", description="Metric type of the vector index.")
+    replication: Replication = Field(
+        "redline",
+        description="Who copies primary to replica: redline's replicator (delta log, freeze, "
+        "replay), or something else (external: the staleness canary only).",
+    )
+    vector_field: str | None = Field(
+        None, description="FLOAT_VECTOR field the delta log carries (None: the only one)."
+    )
+    bookkeeping: Bookkeeping = Field(
+        "auto",
+        description="Where row versions live: columns ts_ms/region/checksum, dynamic fields, "
+        "auto (columns if present, else dynamic), none (external replication only).",
+    )
+    milvus_user: str | None = Field(None, description="Milvus user (with a password).")
+    milvus_password: SecretStr | None = Field(None, description="Milvus password (env only).")
+    milvus_password_file: Path | None = Field(None, description="File holding the password.")
+    primary_token_file: Path | None = Field(None, description="Token of the primary only.")
+    replica_token_file: Path | None = Field(None, description="Token of the replica only.")
+    milvus_keepalive_seconds: float | None = Field(
+        None,
+        ge=10.0,
+        description="gRPC keepalive ping interval (None: 330 s on loopback/Milvus Lite, 60 s "
+        "elsewhere). At least 10 s: Milvus answers faster pings with GOAWAY too_many_pings.",
+    )
+    milvus_idle_pings: bool | None = Field(
+        None,
+        description="Ping idle connections too (None: only off loopback; Milvus Lite refuses "
+        "them, load balancers drop idle connections without them).",
+    )
 
     def index_config(
         self, collection: str, dim: int, token: str = "", region: str = "primary"
     ) -> IndexConfig:
-        """The IndexConfig of logical collection `collection`; DeltaLogError when invalid."""
+        """The IndexConfig of logical collection `collection`; DeltaLogError when invalid,
+        SettingsError when a credential cannot be read."""
+        shared = token or self._user_token()
+        primary_token = read_secret(self.primary_token_file, None, "primary_token_file")
+        replica_token = read_secret(self.replica_token_file, None, "replica_token_file")
+
+        def spec(uri: str, name: str, coll: str | None, own: SecretStr | None) -> TargetSpec:
+            return TargetSpec(
+                uri,
+                coll or collection,
+                name,
+                own.get_secret_value() if own is not None else shared,
+                self.vector_field,
+                "none" if self.replication == "external" else self.bookkeeping,
+                self.milvus_keepalive_seconds,
+                self.milvus_idle_pings,
+            )
+
         return IndexConfig(
             collection=collection,
             dim=dim,
-            primary=TargetSpec(
-                self.primary_uri,
-                self.primary_collection or collection,
-                self.primary_name,
-                token,
-            ),
-            replica=TargetSpec(
-                self.replica_uri,
-                self.replica_collection or collection,
-                self.replica_name,
-                token,
-            ),
+            primary=spec(self.primary_uri, self.primary_name, self.primary_collection,
+                         primary_token),
+            replica=spec(self.replica_uri, self.replica_name, self.replica_collection,
+                         replica_token),
             region=region,
             metric_type=self.metric_type,
-        )
+            replication=self.replication,
+        )  # fmt: skip
+
+    def _user_token(self) -> str:
+        """`user:password` (what Milvus takes as a token) when a user is configured."""
+        if not self.milvus_user:
+            return ""
+        password = read_secret(self.milvus_password_file, self.milvus_password, "milvus_password")
+        if password is None:
+            raise SettingsError(
+                "milvus_user is set but no milvus_password (env) or milvus_password_file"
+            )
+        return f"{self.milvus_user}:{password.get_secret_value()}"
 
 
 class IndexSettings(IndexTargetsFields, ServiceSettings):
@@ -94,6 +164,18 @@ class IndexSettings(IndexTargetsFields, ServiceSettings):
     batch_size: PositiveInt = Field(500, description="Delta-log entries applied per batch.")
     poll_interval_seconds: PositiveFloat = Field(0.1, description="Replicator idle poll interval.")
     lease_ttl_seconds: PositiveFloat = Field(15.0, description="Lease of an applier on a target.")
+    retention_seconds: NonNegativeFloat = Field(
+        3600.0,
+        description="Delta-log history kept behind the slowest checkpoint, freeze point and "
+        "replay (what a target restored from a backup can still replay); tombstones older than "
+        "the trim point are pruned.",
+    )
+    trim_interval_seconds: PositiveFloat = Field(
+        60.0, description="Seconds between two trims by the replicator."
+    )
+    trim_chunk: PositiveInt = Field(
+        10_000, description="Entries removed per XTRIM call (Redis stays responsive between)."
+    )
 
     def collection_config(self, token: str = "") -> IndexConfig:
         """The IndexConfig these settings describe."""

@@ -1,5 +1,6 @@
 """Verification of a range of the delta log against a target: every id's last write is on it
-(upserts with a recomputed vector checksum that matches, deletes absent)."""
+(upserts with a checksum recomputed from the row read back — vector, scalar and dynamic fields —
+that matches the write's, deletes absent)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from redline.platform.index.deltalog import DeltaLog
-from redline.platform.index.entries import Entry, vector_checksum
+from redline.platform.index.entries import Entry, row_checksum
 from redline.platform.index.milvus import FETCH_CHUNK, MilvusTarget, RowState
 
 
@@ -66,8 +67,9 @@ def verify_range(
     workers: int = 2,
 ) -> VerifyReport:
     """Check every id written in (after, until]: its last write by (ts_ms, region) is on the
-    target (upsert: present with that version and a recomputed vector checksum that matches;
-    delete: absent). Ids the target holds in a newer version count as superseded, not wrong."""
+    target (upsert: present with that version and a checksum recomputed from the row read back
+    — every field — that matches; delete: absent). Ids the target holds in a newer version
+    count as superseded, not wrong."""
     expected: dict[str, LastWrite] = {}
     entries = note_last_writes(expected, deltalog.iter_range(after, until))
     return verify_last_writes(
@@ -111,7 +113,7 @@ def verify_last_writes(
             missing += 1
         elif row.version.key() != want_key:
             stale += 1
-        elif row.vector is None or vector_checksum(row.vector) != want_checksum:
+        elif row.vector is None or row_checksum(row.vector, row.payload) != want_checksum:
             bad_sum += 1
         else:
             verified += 1

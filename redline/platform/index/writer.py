@@ -1,14 +1,19 @@
 """The write path's entry point: IndexWriter appends every write to the delta log first (the
 acknowledgement), then applies it to the primary unless writes are frozen; freezing and the
-unfreeze catch-up of the primary."""
+unfreeze catch-up of the primary.
+
+A write is a whole row of the primary's collection: its key (any name; INT64 or VARCHAR), its
+vector and its other fields (scalar and dynamic), checked and normalised against the schema the
+primary describes before anything is appended, so a row the collection cannot hold is refused
+with the field named instead of stopping the replicator later."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import numpy.typing as npt
 from pymilvus import MilvusException
@@ -19,16 +24,24 @@ from redline.platform.index.entries import (
     Entry,
     Op,
     Vector,
-    check_id,
     check_region,
+    row_checksum,
     stream_id_before,
     to_vector,
-    vector_checksum,
 )
 from redline.platform.index.errors import DeltaLogError, VectorIndexError
 from redline.platform.index.milvus import MilvusTarget
+from redline.platform.index.schema import encode_payload
 
 log = logging.getLogger(__name__)
+
+RowId: TypeAlias = str | int
+VectorLike: TypeAlias = Sequence[float] | npt.NDArray[Any]
+WriteOp: TypeAlias = (
+    tuple[Op, RowId, VectorLike | None]
+    | tuple[Op, RowId, VectorLike | None, Mapping[str, Any] | None]
+)
+"""(op, id, vector[, other fields]): a delete's vector and fields are None."""
 
 
 @dataclass(frozen=True)
@@ -68,46 +81,60 @@ class IndexWriter:
         self.on_primary_error = on_primary_error
         self.clock = clock
 
-    def upsert(self, row_id: str, vector: Sequence[float] | npt.NDArray[Any]) -> WriteAck:
-        """Upsert one row."""
-        return self.write([("upsert", row_id, vector)])[0]
+    def upsert(
+        self, row_id: RowId, vector: VectorLike, fields: Mapping[str, Any] | None = None
+    ) -> WriteAck:
+        """Upsert one row (its other fields, scalar and dynamic, in `fields`)."""
+        return self.write([("upsert", row_id, vector, fields)])[0]
 
-    def delete(self, row_id: str) -> WriteAck:
+    def delete(self, row_id: RowId) -> WriteAck:
         """Delete one row."""
         return self.write([("delete", row_id, None)])[0]
 
-    def upsert_many(
-        self, rows: Iterable[tuple[str, Sequence[float] | npt.NDArray[Any]]]
-    ) -> list[WriteAck]:
+    def upsert_many(self, rows: Iterable[tuple[RowId, VectorLike]]) -> list[WriteAck]:
         """Upsert many rows with one round trip to Redis and one to the primary."""
         return self.write([("upsert", row_id, vector) for row_id, vector in rows])
 
-    def write(
-        self,
-        ops: Sequence[tuple[Op, str, Sequence[float] | npt.NDArray[Any] | None]],
-        ts_ms: int | None = None,
-    ) -> list[WriteAck]:
+    def upsert_rows(self, rows: Iterable[Mapping[str, Any]]) -> list[WriteAck]:
+        """Upsert rows given as Milvus takes them (`{key: .., vector: .., field: ..}`)."""
+        schema = self.primary.schema()
+        ops: list[WriteOp] = []
+        for row in rows:
+            if schema.pk not in row or schema.vector not in row:
+                raise DeltaLogError(
+                    f"{schema.collection}: a row needs {schema.pk!r} and {schema.vector!r}"
+                )
+            rest = {k: v for k, v in row.items() if k not in (schema.pk, schema.vector)}
+            ops.append(("upsert", row[schema.pk], row[schema.vector], rest))
+        return self.write(ops)
+
+    def write(self, ops: Sequence[WriteOp], ts_ms: int | None = None) -> list[WriteAck]:
         """Append the operations in order (one timestamp), then apply the unfrozen ones."""
-        checked: list[tuple[Op, str, Vector | None]] = []
-        for op, row_id, vector in ops:
-            check_id(row_id)
+        schema = self.primary.schema()
+        checked: list[tuple[Op, str, Vector | None, bytes]] = []
+        for item in ops:
+            op = item[0]
+            row_id = schema.check_id(item[1])
+            vector = item[2]
+            fields = item[3] if len(item) == 4 else None
             if op == "upsert":
                 if vector is None:
                     raise DeltaLogError(f"upsert of {row_id!r} without a vector")
-                checked.append((op, row_id, to_vector(vector, self.log.dim)))
+                payload = encode_payload(schema.normalize(fields, row_id))
+                checked.append((op, row_id, to_vector(vector, self.log.dim), payload))
             elif op == "delete":
-                checked.append((op, row_id, None))
+                checked.append((op, row_id, None, b""))
             else:
                 raise DeltaLogError(f"unknown op {op!r} (expected upsert or delete)")
         stamp = ts_ms if ts_ms is not None else int(self.clock() * 1000)
         appended = self.log.append(checked, self.region, stamp)
         acks = [
             WriteAck(sid, row_id, op, False)
-            for (op, row_id, _), (sid, _) in zip(checked, appended, strict=True)
+            for (op, row_id, _, _), (sid, _) in zip(checked, appended, strict=True)
         ]
         to_apply = [
-            Entry(sid, op, row_id, self.region, stamp, _checksum(vector), vector)
-            for (op, row_id, vector), (sid, frozen) in zip(checked, appended, strict=True)
+            Entry(sid, op, row_id, self.region, stamp, _checksum(vector, payload), vector, payload)
+            for (op, row_id, vector, payload), (sid, frozen) in zip(checked, appended, strict=True)
             if not frozen
         ]
         if not to_apply:
@@ -175,5 +202,5 @@ def unfreeze_writes(
     )
 
 
-def _checksum(vector: Vector | None) -> str:
-    return vector_checksum(vector) if vector is not None else ""
+def _checksum(vector: Vector | None, payload: bytes) -> str:
+    return row_checksum(vector, payload) if vector is not None else ""

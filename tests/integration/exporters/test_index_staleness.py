@@ -29,6 +29,7 @@ from redline.platform.index import (
     Replicator,
     TargetSpec,
     replay_delta_log,
+    trim_delta_log,
     unfreeze_writes,
 )
 from redline.slo import catalog
@@ -235,6 +236,16 @@ def test_probe_follows_freeze_backlog_and_replay(redis_url: str, milvus_service:
         assert unfreeze_writes(log, primary) == 51  # the rows and the canary written since
         ok, values, _ = _run(cache, probe.name)
         assert ok and values[catalog.VECTORDB_WRITE_FROZEN.name] == 0.0
+        assert values[catalog.VECTORDB_DELTA_LOG_ENTRIES.name] == 52.0  # 2 canaries + 50 rows
+        full = values[catalog.VECTORDB_DELTA_LOG_MEMORY_BYTES.name]
+        assert full > 50 * DIM * 4
+
+        # the replica is past everything: a trim leaves the entry at its checkpoint (and any
+        # canary written since), and the gauges follow
+        assert trim_delta_log(log, 0).removed >= 50
+        ok, values, _ = _run(cache, probe.name)
+        assert ok and values[catalog.VECTORDB_DELTA_LOG_ENTRIES.name] <= 3.0
+        assert 0 < values[catalog.VECTORDB_DELTA_LOG_MEMORY_BYTES.name] < full
 
         registry = CollectorRegistry()
         registry.register(cache)

@@ -23,6 +23,7 @@ from redline.platform.index import (
     parse_packed,
     parse_packed_at,
     parse_stream_id,
+    row_checksum,
     stream_id_before,
     to_vector,
     vector_checksum,
@@ -42,13 +43,29 @@ def test_entries_round_trip_with_exact_vectors_and_checksums() -> None:
     assert entry.checksum == vector_checksum(vector) and len(entry.checksum) == 32
     gone = parse_entry("6-0", _fields("d", "doc:1", None), 4)
     assert gone.op == "delete" and gone.vector is None and gone.checksum == ""
+    assert b"fields" not in _fields("u", "doc:1", vector)  # rows of id + vector: as before
 
 
-def _packed(op: bytes, sid: bytes, row_id: bytes, ts: bytes, vector: bytes) -> bytes:
+def test_a_rows_other_fields_travel_with_it_and_count_in_its_checksum() -> None:
+    vector = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+    payload = b'{"lang":"en","n":3}'
+    raw = build_fields("upsert", "7", "eu", 1, vector, payload)
+    entry = parse_entry("8-0", {k.encode(): v for k, v in raw.items()}, 4)
+    assert entry.payload == payload
+    assert entry.checksum == row_checksum(vector, payload) != vector_checksum(vector)
+    assert row_checksum(vector, payload + b" ") != entry.checksum
+    assert row_checksum(vector) == vector_checksum(vector)
+    assert b"fields" not in build_fields("delete", "7", "eu", 2, None, payload)
+
+
+def _packed(
+    op: bytes, sid: bytes, row_id: bytes, ts: bytes, vector: bytes, fields: bytes = b""
+) -> bytes:
     """What the read script returns for one entry."""
     region, checksum = b"eu", b"c" * 32
-    head = struct.pack(">cHHHHHI", op, len(sid), len(row_id), len(region), len(ts), 32, len(vector))
-    return head + sid + row_id + region + ts + checksum + vector
+    lengths = (len(sid), len(row_id), len(region), len(ts), 32, len(vector), len(fields))
+    head = struct.pack(">cHHHHHII", op, *lengths)
+    return head + sid + row_id + region + ts + checksum + vector + fields
 
 
 def test_packed_entries_decode_like_stream_fields() -> None:
@@ -67,6 +84,8 @@ def test_packed_entries_decode_like_stream_fields() -> None:
         parse_packed(_packed(b"?", b"9-6", b"doc", b"1", b""), 4)
     with pytest.raises(DeltaLogError, match="truncated"):
         parse_packed(b"u\0", 4)
+    carried = parse_packed(_packed(b"u", b"9-8", b"7", b"1", vector.tobytes(), b'{"t":"x"}'), 4)
+    assert carried.payload == b'{"t":"x"}' and carried.vector is not None
     two = _packed(b"u", b"9-7", b"a", b"1", vector.tobytes()) + b"extra"
     entry, end = parse_packed_at(two, 0, 4)
     assert entry.id == "a" and two[end:] == b"extra"

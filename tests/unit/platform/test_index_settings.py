@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,3 +54,16 @@ def test_the_same_copy_twice_is_refused() -> None:
     settings = VectorIndexSettings(collections={"documents": {"dim": 8, **same}})
     with pytest.raises(PlaybookError, match="same collection on the same Milvus"):
         build_index_config("documents", settings)
+
+
+def test_playbooks_refuse_a_pair_replicated_by_something_else(tmp_path: Path) -> None:
+    external = VectorIndexSettings(
+        collections={"documents": {"dim": 8, **TARGETS, "replication": "external"}}
+    )
+    with pytest.raises(PlaybookError, match=r"documents: replicated by something else"):
+        build_index_config("documents", external)
+    unreadable = VectorIndexSettings(
+        collections={"documents": {"dim": 8, **TARGETS, "replica_token_file": tmp_path / "none"}}
+    )
+    with pytest.raises(PlaybookError, match=r"documents: replica_token_file: cannot read"):
+        build_index_config("documents", unreadable)
