@@ -6,6 +6,11 @@ Each probe runs on its own interval in a daemon thread of its own (apscheduler 3
 its timeout reports `redline_probe_success 0`, and a probe that raises does the same while the
 process stays up. Daemon threads let the process exit on SIGTERM even while a probe hangs.
 
+`POST /v1/evaluations` (`redline.exporters.evaluations`) takes accuracy verdicts from the user's
+own evaluator. They and the golden-set probes' answers go to one `EvalTally`, registered beside
+the cache and read at every scrape, labelled with the snapshot registry's active versions
+(`ActiveVersions` over `models.root`, the registry the model-versions probe reads).
+
 No `_created` series are exposed unless `created_series`: building the app sets
 prometheus-client's process-wide switch for them (`redline.core.created`).
 """
@@ -39,6 +44,12 @@ from redline.exporters.drift import (
     build_drift_probe,
 )
 from redline.exporters.drift_stats import DriftError
+from redline.exporters.evaluations import (
+    EVAL_METRICS,
+    EvalTally,
+    EvaluationConfigError,
+    build_evaluations_router,
+)
 from redline.exporters.index_staleness import IndexStalenessProbe
 from redline.exporters.keepalive import KeepaliveProbe
 from redline.exporters.llm_probes import build_llm_probes
@@ -46,8 +57,9 @@ from redline.exporters.models import ModelVersionsProbe
 from redline.exporters.probe import Probe, ProbeCache
 from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
+from redline.platform.golden import GoldenSetError
 from redline.platform.index import DeltaLogError
-from redline.platform.snapshots import SnapshotRegistry
+from redline.platform.snapshots import ActiveVersions, SnapshotRegistry
 from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -73,6 +85,22 @@ class DaemonThreadExecutor(BaseExecutor):  # type: ignore[misc]
         thread.start()
 
 
+@dataclass(frozen=True)
+class Shared:
+    """What several probes and the evaluations endpoint share: one registry, versions, tally."""
+
+    snapshots: SnapshotRegistry
+    versions: ActiveVersions
+    tally: EvalTally
+
+    @classmethod
+    def from_settings(cls, settings: ExporterSettings) -> Shared:
+        """The registry at `models.root`, its cached active versions and an empty tally."""
+        snapshots = SnapshotRegistry(settings.models.root)
+        versions = ActiveVersions(snapshots, settings.models.version_ttl_seconds)
+        return cls(snapshots, versions, EvalTally())
+
+
 @dataclass
 class Exporter:
     """An exporter ready to serve: the ASGI app, its scheduler, cache and registry."""
@@ -82,6 +110,7 @@ class Exporter:
     cache: ProbeCache
     registry: CollectorRegistry
     probes: list[Probe] = field(default_factory=list)
+    shared: Shared | None = None
 
     def start(self) -> None:
         """Schedule every probe (first run now) and start the scheduler."""
@@ -171,17 +200,21 @@ class ProbeConfigError(Exception):
     """A probe section that cannot be built; the message names the section."""
 
 
-def build_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+def build_probes(
+    settings: ExporterSettings, spec: Spec, shared: Shared | None = None
+) -> list[Probe]:
     """Every enabled probe, built from its settings section and the spec's thresholds.
 
     The one explicit registry of probes: a new probe module gets a section in ExporterSettings
     and a few lines here. Constructors do not connect (clients are opened on the first run), so
     a dependency that is down makes its probe fail at run time, never the exporter at start-up.
+    `shared` (default: a fresh one from the settings) is what the probes share with the app.
     """
+    shared = shared if shared is not None else Shared.from_settings(settings)
     probes: list[Probe] = []
     try:
-        probes.extend(_model_probes(settings))
-        probes.extend(_llm_probes(settings, spec))
+        probes.extend(_model_probes(settings, shared))
+        probes.extend(_llm_probes(settings, spec, shared))
         probes.extend(_index_probes(settings))
         if settings.session_rpo.enabled:
             probes.append(SessionRpoProbe.from_settings(settings.session_rpo, settings.redis_url))
@@ -190,21 +223,20 @@ def build_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
                 KeepaliveProbe.from_settings(settings.keepalive, settings.redis_url, spec)
             )
         probes.extend(_drift_probes(settings, spec))
-    except (ValueError, DriftError, DeltaLogError, SettingsError) as exc:
+    except (ValueError, DriftError, DeltaLogError, SettingsError, GoldenSetError) as exc:
         for probe in probes:
             _close(probe)
         raise ProbeConfigError(str(exc)) from None
     return probes
 
 
-def _model_probes(settings: ExporterSettings) -> list[Probe]:
+def _model_probes(settings: ExporterSettings, shared: Shared) -> list[Probe]:
     section = settings.models
     if not section.enabled:
         return []
-    registry = SnapshotRegistry(section.root)
     return [
         ModelVersionsProbe(
-            registry,
+            shared.snapshots,
             models=section.models,
             interval_seconds=section.interval_seconds,
             max_versions=section.max_versions,
@@ -212,14 +244,16 @@ def _model_probes(settings: ExporterSettings) -> list[Probe]:
     ]
 
 
-def _llm_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+def _llm_probes(settings: ExporterSettings, spec: Spec, shared: Shared) -> list[Probe]:
     unknown = sorted(set(settings.endpoints.upstreams) - set(spec.regions))
     if settings.endpoints.enabled and unknown:
         raise ProbeConfigError(
             f"endpoints.upstreams: regions {', '.join(unknown)} are not in the spec's regions "
             f"({', '.join(spec.regions)})"
         )
-    return list(build_llm_probes(settings.endpoints, settings.golden_set))
+    return list(
+        build_llm_probes(settings.endpoints, settings.golden_set, shared.versions, shared.tally)
+    )
 
 
 def _index_probes(settings: ExporterSettings) -> list[Probe]:
@@ -316,15 +350,31 @@ def build_exporter_app(
     spec: Spec,
     probes: Sequence[Probe] | None = None,
     extra_collectors: Sequence[Collector] = (),
+    shared: Shared | None = None,
 ) -> Exporter:
-    """An exporter over the probes of `settings` (or the given ones); the app's lifespan starts
-    the scheduler and stops it (closing the probes)."""
+    """An exporter over the probes of `settings` (or the given ones) and `POST /v1/evaluations`;
+    the app's lifespan starts the scheduler and stops it (closing the probes)."""
+    shared = shared if shared is not None else Shared.from_settings(settings)
+    try:
+        # Before any probe is built, so an unreadable token file leaves nothing to close.
+        evaluations = build_evaluations_router(settings.evaluations, shared.versions, shared.tally)
+    except EvaluationConfigError as exc:
+        raise ProbeConfigError(str(exc)) from None
     if probes is None:
-        probes = build_probes(settings, spec)
+        probes = build_probes(settings, spec, shared)
+    tally_families = {definition.name for definition in EVAL_METRICS}
+    for probe in probes:
+        if tally_families & {definition.name for definition in probe.metrics}:
+            # The app publishes those counters from its tally; a second publisher would make
+            # two series with the same labels.
+            raise ProbeConfigError(
+                f"probe {probe.name!r} publishes {', '.join(sorted(tally_families))} itself; "
+                "build it with the tally of the `shared` given to build_exporter_app"
+            )
     timeouts = hang_timeouts(settings, probes)
     cache = ProbeCache(probes, timeout_seconds=settings.probe_timeout_seconds, timeouts=timeouts)
     apply_created_series(settings.created_series)
-    registry = build_registry(cache, extra_collectors)
+    registry = build_registry(cache, [shared.tally, *extra_collectors])
     scheduler = build_scheduler()
 
     @contextlib.asynccontextmanager
@@ -342,8 +392,9 @@ def build_exporter_app(
         redoc_url=None,
         openapi_url=None,
     )
-    exporter = Exporter(app, scheduler, cache, registry, list(probes))
+    exporter = Exporter(app, scheduler, cache, registry, list(probes), shared)
     app.include_router(build_metrics_router(registry, exporter, settings.gzip))
+    app.include_router(evaluations)
     return exporter
 
 
@@ -351,6 +402,7 @@ __all__ = [
     "ProbeConfigError",
     "DaemonThreadExecutor",
     "Exporter",
+    "Shared",
     "hang_timeouts",
     "build_exporter_app",
     "build_probes",

@@ -9,25 +9,36 @@ failure: its `llm_probe_success` reads 0 (an absent series could not tell "down"
 measured"), and the run succeeds.
 
 `GoldenSetProbe` (one per model) sends the golden prompts (`redline.platform.golden`) through the
-gateway, grades the answers and keeps cumulative `llm_eval_requests_total` and
-`llm_eval_correct_total` by `model` and `model_version` (the version comes from the answer's
-`x-redline-model-version` header). When the gateway does not answer, the prompts graded so far
-still count and the run raises, so the cache marks the probe failed.
+gateway, grades each answer with its matcher and counts it in `llm_eval_requests_total` and
+`llm_eval_correct_total` by `model` and `model_version`. The version is the snapshot registry's
+active version of the model when the answer arrives (`ActiveVersions`); only a model the registry
+has no active snapshot of falls back to the answer's `x-redline-model-version` header (the demo
+simulator's), else "unknown". The prompts are the user's JSONL file (`golden_set.path`); the 12
+built-in prompts are for the demo and local stack only, and a warning says so when they are used
+against a gateway that is not on loopback. Counts go to an `EvalTally`: the exporter app shares
+one with `POST /v1/evaluations` and publishes it itself (the probe then returns no samples); a
+probe built alone keeps and publishes its own. When the gateway does not answer, the prompts
+graded so far still count and the run raises, so the cache marks the probe failed.
 
 Both use a sync httpx client with short timeouts; call `close()` at shutdown.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
+from redline.exporters.evaluations import EVAL_METRICS, EvalTally
 from redline.exporters.probe import MetricDef, Probe, Sample
 from redline.platform.golden import (
     GOLDEN_SET,
@@ -35,7 +46,9 @@ from redline.platform.golden import (
     GoldenFetchError,
     GoldenPrompt,
     fetch_golden_answer,
+    load_golden_set,
 )
+from redline.platform.snapshots import ActiveVersions
 from redline.slo import catalog
 
 log = logging.getLogger(__name__)
@@ -44,10 +57,7 @@ ENDPOINT_METRICS = (
     MetricDef.of(catalog.LLM_PROBE_SUCCESS),
     MetricDef.of(catalog.LLM_PROBE_DURATION_SECONDS),
 )
-GOLDEN_METRICS = (
-    MetricDef.of(catalog.LLM_EVAL_REQUESTS_TOTAL),
-    MetricDef.of(catalog.LLM_EVAL_CORRECT_TOTAL),
-)
+GOLDEN_METRICS = EVAL_METRICS
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_]+")
 
 
@@ -156,6 +166,8 @@ class GoldenSetProbe:
         interval_seconds: float = 30.0,
         timeout_seconds: float = 5.0,
         max_tokens: int = 32,
+        versions: ActiveVersions | None = None,
+        tally: EvalTally | None = None,
     ) -> None:
         if not items:
             raise ValueError("the golden set is empty")
@@ -165,10 +177,19 @@ class GoldenSetProbe:
         self.max_tokens = max_tokens
         self.name = f"llm_golden_{_UNSAFE.sub('_', model)}"
         self.interval_seconds = interval_seconds
-        self.metrics: tuple[MetricDef, ...] = GOLDEN_METRICS
+        self.versions = versions
+        # A shared tally is published by its owner (the app); a probe's own one by the probe.
+        self.publishes = tally is None
+        self.tally = EvalTally() if tally is None else tally
+        self.metrics: tuple[MetricDef, ...] = GOLDEN_METRICS if self.publishes else ()
         self.last_answers: list[GoldenAnswer] = []
-        self._totals: dict[str, list[int]] = {}
         self._client = _client(timeout_seconds)
+
+    def _version(self, answer: GoldenAnswer) -> str:
+        """The registry's active version now; the header only for a model it does not serve."""
+        if self.versions is None:
+            return answer.model_version
+        return self.versions.resolve(self.model, answer.model_version)
 
     def run(self) -> list[Sample]:
         """Ask every golden prompt; raise LlmProbeError (after counting) if one goes unanswered."""
@@ -182,23 +203,17 @@ class GoldenSetProbe:
             except GoldenFetchError as exc:
                 failure = f"{item.id}: {exc}"
                 break
+            answer = dataclasses.replace(answer, model_version=self._version(answer))
             answers.append(answer)
-            totals = self._totals.setdefault(answer.model_version, [0, 0])
-            totals[0] += 1
-            totals[1] += int(answer.correct)
+            self.tally.add(self.model, answer.model_version, 1, int(answer.correct))
         self.last_answers = answers
         if failure is not None:
             raise LlmProbeError(f"golden set for {self.model} via {self.gateway_url}: {failure}")
         return self.samples()
 
     def samples(self) -> list[Sample]:
-        """The cumulative counters."""
-        out: list[Sample] = []
-        for version, (requests, correct) in sorted(self._totals.items()):
-            labels = {"model": self.model, "model_version": version}
-            out.append(Sample(catalog.LLM_EVAL_REQUESTS_TOTAL.family, float(requests), labels))
-            out.append(Sample(catalog.LLM_EVAL_CORRECT_TOTAL.family, float(correct), labels))
-        return out
+        """The cumulative counters of this model (none when the tally is published elsewhere)."""
+        return self.tally.samples(self.model) if self.publishes else []
 
     def close(self) -> None:
         """Close the HTTP client."""
@@ -230,12 +245,53 @@ class GoldenSetSettings(BaseModel):
     gateway_url: str | None = Field(None, description="The gateway's base URL (None: disabled).")
     models: tuple[str, ...] = Field(("redline-base",), description="Models to evaluate.")
     max_tokens: PositiveInt = Field(32, description="max_tokens of each golden request.")
+    path: Path | None = Field(
+        None,
+        description="Your golden set: a JSONL file, one {id, prompt, expected, matcher "
+        "(exact|normalized|regex|numeric-tolerance|contains), tolerance?, reference?} a line "
+        "(docs/accuracy.md). Unset: the 12 built-in trivia prompts, which only the demo and "
+        "local stack's simulator answers; outside them a file is expected (a warning is logged "
+        "when the built-in set is used against a gateway that is not on loopback).",
+    )
+
+
+def _loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def golden_items(settings: GoldenSetSettings) -> tuple[GoldenPrompt, ...]:
+    """The golden set `settings.path` names (GoldenSetError if unusable), else the built-in one."""
+    if settings.path is not None:
+        items = load_golden_set(settings.path)
+        log.info("golden set: %d prompt(s) from %s", len(items), settings.path)
+        return items
+    if settings.gateway_url and not _loopback(settings.gateway_url):
+        # The demo stack runs on loopback; a remote gateway is somebody's real serving stack.
+        log.warning(
+            "golden_set.path is not set: evaluating %s with the %d built-in demo prompts, which "
+            "say little about your models; point golden_set.path at your own JSONL golden set "
+            "(docs/accuracy.md)",
+            settings.gateway_url,
+            len(GOLDEN_SET),
+        )
+    return GOLDEN_SET
 
 
 def build_llm_probes(
-    endpoint: EndpointProbeSettings, golden: GoldenSetSettings
+    endpoint: EndpointProbeSettings,
+    golden: GoldenSetSettings,
+    versions: ActiveVersions | None = None,
+    tally: EvalTally | None = None,
 ) -> list[EndpointProbe | GoldenSetProbe]:
-    """The enabled LLM probes; each has `close()`."""
+    """The enabled LLM probes; each has `close()`. GoldenSetError if `golden.path` is unusable."""
+    # Read the golden set before opening any client, so a bad file leaks nothing.
+    items = golden_items(golden) if golden.enabled and golden.gateway_url else ()
     probes: list[EndpointProbe | GoldenSetProbe] = []
     if endpoint.enabled:
         for region, url in endpoint.upstreams.items():
@@ -244,15 +300,18 @@ def build_llm_probes(
                     region, url, endpoint.model, endpoint.interval_seconds, endpoint.timeout_seconds
                 )
             )
-    if golden.enabled and golden.gateway_url:
+    if items and golden.gateway_url:
         for model in golden.models:
             probes.append(
                 GoldenSetProbe(
                     golden.gateway_url,
                     model,
+                    items=items,
                     interval_seconds=golden.interval_seconds,
                     timeout_seconds=golden.timeout_seconds,
                     max_tokens=golden.max_tokens,
+                    versions=versions,
+                    tally=tally,
                 )
             )
     return probes

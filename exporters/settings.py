@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 from redline.core.settings import ServiceSettings, SettingsError, load_settings_file
+from redline.exporters.evaluations import EvaluationsSettings
 from redline.exporters.keepalive import KeepaliveSettings
 from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
 from redline.exporters.session_rpo import SessionRpoSettings
@@ -41,9 +42,18 @@ class ProbeSection(BaseModel):
 
 
 class ModelsSection(ProbeSection):
-    """Model versions, baselines and adapter checkpoints from the snapshot registry."""
+    """Model versions, baselines and adapter checkpoints from the snapshot registry.
+
+    The same registry gives the `model_version` of golden-set answers and evaluation verdicts
+    (its active pointer per model), even when `enabled` is false.
+    """
 
     root: Path = Field(Path("var/snapshots"), description="Root directory of the registry.")
+    version_ttl_seconds: PositiveFloat = Field(
+        1.0,
+        description="Seconds a model's active version is cached when labelling golden answers "
+        "and verdicts (a rollback shows within this).",
+    )
     models: tuple[str, ...] = Field((), description="Models to publish; empty: every model.")
     max_versions: int = Field(10, ge=1, description="Verified versions with baselines per model.")
 
@@ -107,6 +117,7 @@ class ExporterSettings(ServiceSettings):
     models: ModelsSection = Field(default_factory=ModelsSection)
     endpoints: EndpointProbeSettings = Field(default_factory=EndpointProbeSettings)
     golden_set: GoldenSetSettings = Field(default_factory=GoldenSetSettings)
+    evaluations: EvaluationsSettings = Field(default_factory=EvaluationsSettings)
     index_staleness: IndexStalenessSection = Field(default_factory=IndexStalenessSection)
     session_rpo: SessionRpoSettings = Field(default_factory=SessionRpoSettings)
     keepalive: KeepaliveSettings = Field(default_factory=KeepaliveSettings)

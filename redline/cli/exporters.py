@@ -82,7 +82,7 @@ def exporters(
     """Run the exporter process: probes on a scheduler, /metrics and /healthz over HTTP."""
     import uvicorn
 
-    from redline.exporters.app import build_exporter_app
+    from redline.exporters.app import ProbeConfigError, build_exporter_app
 
     settings = _settings(
         config,
@@ -99,7 +99,11 @@ def exporters(
     quiet = max(logging.getLevelName(level), logging.WARNING)
     for chatty in ("apscheduler", "httpx", "httpcore"):  # a line per run or request otherwise
         logging.getLogger(chatty).setLevel(quiet)
-    exporter = build_exporter_app(settings, the_spec)
+    try:
+        exporter = build_exporter_app(settings, the_spec)
+    except ProbeConfigError as exc:
+        # A bad golden-set file, token file or probe section: its message names what to fix.
+        raise fail(str(exc), 2) from None
     names = ", ".join(sorted(exporter.cache.probes)) or "(none)"
     err.print(
         f"redline exporters on http://{settings.host}:{settings.listen_port}/metrics; "

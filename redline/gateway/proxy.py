@@ -24,8 +24,11 @@ tokens are not counted.
 
 Metric labels: `region` is the region the request was first routed to, `served_region` the one
 that answered, `rerouted` whether more than one region was tried, `model` the requested model
-(bounded: past `max_model_labels` distinct names it is "other"), `model_version` the upstream's
-`x-redline-model-version` header ("unknown" without one), `status` the HTTP status sent to the
+(bounded: past `max_model_labels` distinct names it is "other"), `model_version` the requested
+model's active version in the snapshot registry when `snapshots_root` is set (cached, see
+`ActiveVersions`), else — or for a model the registry has no active snapshot of — the upstream's
+`x-redline-model-version` header ("unknown" without one; with `snapshots_root` the client gets
+the recorded version in that header), `status` the HTTP status sent to the
 client — except that a stream the upstream cut is recorded as 502, one the client abandoned as
 499 and one a spot drain ended as 503. Errors are statuses >= 500. Requests the gateway rejects
 itself (malformed JSON, body too large, refused by the ledger) are recorded with `region` and
@@ -64,6 +67,7 @@ from redline.gateway.upstream import (
 )
 from redline.platform.golden import MODEL_VERSION_HEADER
 from redline.platform.routing import REROUTED_HEADER, SERVED_REGION_HEADER
+from redline.platform.snapshots import UNKNOWN_VERSION, ActiveVersions, SnapshotRegistry
 from redline.platform.spot import (
     ATTEMPT_HEADER,
     REQUEST_ID_HEADER,
@@ -150,6 +154,11 @@ class Gateway:
         self.router = RegionRouter(settings, metrics)
         self.spot = SpotControl(settings, metrics)
         self.regions = self.router.regions
+        self.versions: ActiveVersions | None = None
+        if settings.snapshots_root is not None:
+            self.versions = ActiveVersions(
+                SnapshotRegistry(settings.snapshots_root), settings.version_ttl_seconds
+            )
         self._pools: dict[str, UpstreamPool] = {}
 
     async def start(self) -> None:
@@ -206,6 +215,14 @@ class Gateway:
             "unhealthy": [r for r in self.regions if self.router.unhealthy(r, now)],
             "draining": sorted(n for n in self.spot.draining if self.spot.is_draining(n)),
         }
+
+    def version(self, model: str, response: UpstreamResponse) -> str:
+        """The registry's active version of `model`; else the upstream's header; else unknown."""
+        if self.versions is not None:
+            version = self.versions.version(model)
+            if version != UNKNOWN_VERSION:
+                return version
+        return response.header(MODEL_VERSION_HEADER, UNKNOWN_VERSION)[:128]
 
     async def handle(self, request: Request, record: bool = True) -> Response:
         """Proxy one request with reroute; record it when `record`."""
@@ -314,7 +331,7 @@ class Gateway:
                 resumed = body is not None
             outcome = await self._attempt_tracked(req, inflight, region, budget, body)
             if isinstance(outcome, _Committed) and resumed:
-                version = outcome.response.header(MODEL_VERSION_HEADER, "unknown")
+                version = self.version(req.model, outcome.response)
                 if version != entry.model_revision:  # type: ignore[union-attr]
                     # Another revision cannot continue this prefix: regenerate instead.
                     await outcome.response.aclose()
@@ -322,7 +339,7 @@ class Gateway:
                     outcome = await self._attempt_tracked(req, inflight, region, budget, None)
             if isinstance(outcome, _Committed):
                 self.router.succeeded(region)
-                version = outcome.response.header(MODEL_VERSION_HEADER, "unknown")[:128]
+                version = self.version(req.model, outcome.response)
                 self.spot.note_revision(region, req.model, version)
                 if entry is not None:
                     # Nothing was served before: a fresh run is exactly the rest of it.
@@ -487,9 +504,12 @@ class Gateway:
         resumed: bool,
     ) -> Response:
         response = outcome.response
-        version = response.header(MODEL_VERSION_HEADER, "unknown")[:128]
+        version = self.version(req.model, response)
         headers = _back_headers(response.headers, served, rerouted)
         headers[REQUEST_ID_HEADER] = req.request_id
+        if self.versions is not None and version != UNKNOWN_VERSION:
+            # Clients (load generators, evaluators) see the version the metrics record.
+            headers[MODEL_VERSION_HEADER] = version
         if inflight.attempt > 1:
             headers[ATTEMPT_HEADER] = str(inflight.attempt)
             headers[RESUMED_HEADER] = "true" if resumed else "false"

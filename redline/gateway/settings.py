@@ -83,6 +83,18 @@ class GatewaySettings(ServiceSettings):
         description="failover: the configured order; round_robin: spread requests over the "
         "open upstreams (replicas of one pool), in turn.",
     )
+    snapshots_root: Path | None = Field(
+        None,
+        description="Snapshot registry root: `model_version` is the active version of the "
+        "requested model there (cached version_ttl_seconds; no file read per request), then the "
+        "upstream's x-redline-model-version header for a model the registry has no active "
+        'snapshot of, then "unknown". Unset: the header only, which only redline\'s simulator '
+        "sends (the local stack's drills); behind vLLM, SGLang or TGI set this, or every "
+        'request is "unknown" and the two-signal gate cannot fire.',
+    )
+    version_ttl_seconds: float = Field(
+        1.0, gt=0, description="Seconds a model's active version is cached (snapshots_root)."
+    )
     spill_regions: list[str] = Field(
         default_factory=list,
         description="Upstreams used only when every other one is closed, unhealthy or failed "

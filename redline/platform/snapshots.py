@@ -12,6 +12,9 @@ the new one, never a half-written one):
 
 `<model>` and `<adapter>` are percent-encoded, so ids such as `org/name` are safe.
 
+`ActiveVersions` reads the active pointers through a short cache: the `model_version` of
+requests, golden answers and evaluation verdicts when no engine reports one.
+
 Concurrency: every write takes an exclusive `fcntl.flock` on the model's (or the checkpoints')
 lock file, so several processes on one host may write safely; reads take no lock because every
 file is replaced atomically. flock is not reliable across hosts on network file systems: run one
@@ -65,6 +68,7 @@ class _Record(BaseModel):
 
 
 R = TypeVar("R", bound=_Record)
+_V = TypeVar("_V")
 
 
 class Baselines(_Record):
@@ -476,3 +480,93 @@ class SnapshotRegistry:
             if not file.name.startswith(".")
         ]
         return sorted(records, key=lambda r: r.adapter)
+
+
+UNKNOWN_VERSION = "unknown"
+"""The `model_version` label of a request whose version nobody can tell."""
+
+_UNSAFE_MODELS = frozenset({".", ".."})
+
+
+class ActiveVersions:
+    """The version each model serves, read from the registry's active pointer and cached.
+
+    This is where `model_version` labels come from when no engine says it (vLLM, SGLang, TGI send
+    no version): redline loads and rolls back adapters, so the active pointer is the truth. Each
+    model's answer is kept `ttl_seconds`, so a hot path (the gateway) reads two small files per
+    model at most once per TTL, never per request; a rollback shows within one TTL. Reads take no
+    lock (the registry replaces files atomically). A corrupt pointer reads as the last good value
+    (else "unknown") and is logged, so a broken file never fails a request.
+    """
+
+    def __init__(
+        self,
+        registry: SnapshotRegistry,
+        ttl_seconds: float = 1.0,
+        max_models: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if ttl_seconds < 0:
+            raise ValueError(f"ttl_seconds must be >= 0, got {ttl_seconds}")
+        self.registry = registry
+        self.ttl_seconds = ttl_seconds
+        self.max_models = max_models
+        self._clock = clock
+        self._active: dict[str, tuple[str, float]] = {}
+        self._known: dict[str, tuple[frozenset[str], float]] = {}
+        self._models: tuple[builtins.list[str], float] | None = None
+
+    def _fresh(self, expires: float) -> bool:
+        return self._clock() < expires
+
+    def _remember(self, cache: dict[str, tuple[_V, float]], model: str, value: _V) -> None:
+        if len(cache) >= self.max_models and model not in cache:
+            # Clients name models freely (the gateway's `model`): never let that grow unbounded.
+            cache.clear()
+        cache[model] = (value, self._clock() + self.ttl_seconds)
+
+    def version(self, model: str) -> str:
+        """The version of the model's active snapshot; "unknown" when it has none."""
+        cached = self._active.get(model)
+        if cached is not None and self._fresh(cached[1]):
+            return cached[0]
+        version = UNKNOWN_VERSION
+        if model and model not in _UNSAFE_MODELS:
+            try:
+                active = self.registry.active(model)
+            except SnapshotError as exc:
+                log.warning("active version of %r unreadable: %s", model, exc)
+                version = cached[0] if cached is not None else UNKNOWN_VERSION
+            else:
+                version = active.version if active is not None else UNKNOWN_VERSION
+        self._remember(self._active, model, version)
+        return version
+
+    def resolve(self, model: str, reported: str | None = None) -> str:
+        """The registry's version of `model`; else the one the server reported; else "unknown"."""
+        version = self.version(model)
+        if version != UNKNOWN_VERSION:
+            return version
+        return reported or UNKNOWN_VERSION
+
+    def known(self, model: str) -> frozenset[str]:
+        """Every version the registry holds a snapshot of for `model` (readable ones)."""
+        cached = self._known.get(model)
+        if cached is not None and self._fresh(cached[1]):
+            return cached[0]
+        versions: frozenset[str] = frozenset()
+        if model and model not in _UNSAFE_MODELS:
+            snapshots, errors = self.registry.scan(model)
+            for error in errors:
+                log.warning("skipping unreadable snapshot: %s", error)
+            versions = frozenset(s.version for s in snapshots)
+        self._remember(self._known, model, versions)
+        return versions
+
+    def models(self) -> builtins.list[str]:
+        """The models the registry knows (those with a snapshot directory), sorted."""
+        if self._models is not None and self._fresh(self._models[1]):
+            return self._models[0]
+        models = self.registry.models()
+        self._models = (models, self._clock() + self.ttl_seconds)
+        return models

@@ -12,8 +12,11 @@ unreadable snapshot is skipped, and the reason recorded). Then, per candidate in
    {"lora_name", "lora_path"}`), or one POST to the configured hook;
 3. verify semantic continuity: the golden prompt set through the gateway must score an
    accuracy >= the snapshot's recorded baseline - `accuracy_tolerance`, a mean answer-embedding
-   similarity to the snapshot's recorded reference answers >= `similarity_threshold`, and (when
-   the server says, via `x-redline-model-version`) be served by the snapshot's version.
+   similarity to the snapshot's recorded reference answers >= `similarity_threshold`, and be
+   served by the snapshot's version. That version is what the registry's active pointer names,
+   confirmed on every upstream by the serving API (vLLM's `/v1/models` lists the loaded adapter
+   with the snapshot's path as `root`; with a hook the pointer is trusted); an answer that carries
+   an `x-redline-model-version` header (redline's simulator) is counted under that header instead.
 
 A candidate that fails is recorded as rejected and the next older one is tried; when none is
 left the original snapshot is put back (pointer and adapter) and the step fails, which fails the
@@ -54,6 +57,7 @@ from redline.platform.serving import (
     unload_lora_adapter,
 )
 from redline.platform.snapshots import (
+    UNKNOWN_VERSION,
     Snapshot,
     SnapshotError,
     SnapshotIntegrityError,
@@ -86,6 +90,34 @@ class Selection:
 
     candidates: tuple[Snapshot, ...]
     skipped: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """The version registry and serving API say is served, or "unknown" and why not."""
+
+    version: str
+    problem: str | None = None
+
+
+def build_served_version(
+    snapshot: Snapshot, active: Snapshot | None, roots: Mapping[str, str | None] | None
+) -> ServedVersion:
+    """The version served while `snapshot` is being verified, from the active pointer (`active`)
+    and, unless None (a hook serves), each upstream's `/v1/models` root of the adapter. Pure."""
+    if active is None or active.snapshot_id != snapshot.snapshot_id:
+        named = active.snapshot_id if active is not None else "nothing"
+        return ServedVersion(
+            UNKNOWN_VERSION, f"the active pointer names {named}, not {snapshot.snapshot_id}"
+        )
+    path = lora_path(snapshot)
+    for region, root in sorted((roots or {}).items()):
+        if root != path:
+            return ServedVersion(
+                UNKNOWN_VERSION,
+                f"{region} serves {lora_name(snapshot)} from {root}, not {path}",
+            )
+    return ServedVersion(active.version)
 
 
 @dataclass(frozen=True)
@@ -428,7 +460,7 @@ class SemanticRollback(Playbook):
         if problem is not None:
             return problem
         ctx.ensure_lease()
-        verdict = self._continuity(snapshot)
+        verdict = self._continuity(snapshot, self._served_version(registry, snapshot))
         ctx.record("continuity", verdict.reason, **verdict.data)
         return None if verdict.ok else verdict.reason
 
@@ -511,7 +543,26 @@ class SemanticRollback(Playbook):
 
     # ---- continuity --------------------------------------------------------------------------
 
-    def _continuity(self, snapshot: Snapshot) -> Continuity:
+    def _served_version(self, registry: SnapshotRegistry, snapshot: Snapshot) -> ServedVersion:
+        """The version the platform serves per the active pointer and the serving API."""
+        try:
+            active = registry.active(snapshot.model)
+        except SnapshotError as exc:
+            return ServedVersion(UNKNOWN_VERSION, f"active pointer unreadable: {exc}")
+        roots: dict[str, str | None] | None = None
+        if not self.options.hook_url:
+            roots = {}
+            with http_client(self.serving.timeout_seconds) as client:
+                for region, url in self.serving.upstreams.items():
+                    try:
+                        card = find_card(fetch_models(client, url), lora_name(snapshot))
+                    except ServingError as exc:
+                        return ServedVersion(UNKNOWN_VERSION, f"{region}: {exc}")
+                    root = card.get("root") if card else None
+                    roots[region] = root if isinstance(root, str) else None
+        return build_served_version(snapshot, active, roots)
+
+    def _continuity(self, snapshot: Snapshot, served: ServedVersion | None = None) -> Continuity:
         baselines = snapshot.baselines
         if baselines is None:
             return Continuity(False, "no baselines recorded", {})
@@ -543,7 +594,9 @@ class SemanticRollback(Playbook):
                 recorded += reference is not None
                 correct += grade(text, item.expected)
                 similarities[item.id] = round(similarity(text, reference or item.reference), 6)
-                versions[answer.headers.get(MODEL_VERSION_HEADER, "unknown")] += 1
+                # The header when the server sends one; else what registry and serving API say.
+                fallback = served.version if served is not None else UNKNOWN_VERSION
+                versions[answer.headers.get(MODEL_VERSION_HEADER) or fallback] += 1
         count = len(self.golden_set)
         accuracy = correct / count if count else 0.0
         mean = sum(similarities.values()) / count if count else 0.0
@@ -562,6 +615,9 @@ class SemanticRollback(Playbook):
             problems.append(
                 f"served by version(s) {', '.join(wrong_versions)}, not {snapshot.version}"
             )
+        if served is not None and served.problem is not None and versions[UNKNOWN_VERSION]:
+            # No header vouched for these answers, and the registry and serving API could not.
+            problems.append(f"cannot tell the serving version: {served.problem}")
         data = {
             "snapshot_id": snapshot.snapshot_id,
             "accuracy": round(accuracy, 6),
@@ -676,4 +732,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-__all__ = ["SemanticRollback", "build_selection", "lora_name", "lora_path"]
+__all__ = [
+    "SemanticRollback",
+    "ServedVersion",
+    "build_selection",
+    "build_served_version",
+    "lora_name",
+    "lora_path",
+]

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from redline.core.servers import ServerThread, serve_in_thread
 from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.devstack.processes import find_binary, free_port
+from redline.exporters.app import build_exporter_app
 from redline.exporters.llm_probes import (
     EndpointProbe,
     EndpointProbeSettings,
@@ -22,8 +25,10 @@ from redline.exporters.llm_probes import (
     build_llm_probes,
 )
 from redline.exporters.probe import ProbeCache, Sample
+from redline.exporters.settings import ExporterSettings
 from redline.gateway import GatewaySettings, build_gateway_app
-from redline.platform.golden import GOLDEN_SET
+from redline.platform.golden import GOLDEN_SET, GoldenPrompt, golden_lines
+from redline.platform.snapshots import ActiveVersions, SnapshotRegistry
 from redline.slo import catalog
 from redline.slo.load import load_spec
 
@@ -233,3 +238,98 @@ def test_disabled_probes_are_not_built() -> None:
         GoldenSetSettings(gateway_url=None),
     )
     assert probes == []
+
+
+# ---- versions from the snapshot registry, the user's golden file, one tally ---------------
+
+
+def _activate(registry: SnapshotRegistry, root: Path, model: str, version: str) -> None:
+    weights = root / f"{model}-{version}"
+    weights.mkdir(parents=True)
+    (weights / "adapter_model.safetensors").write_bytes(version.encode() * 64)
+    config = root / f"{model}-{version}.json"
+    config.write_text(f'{{"version": "{version}"}}')
+    registry.activate(model, registry.create(model, version, weights, config).snapshot_id)
+
+
+def test_golden_answers_carry_the_registrys_version_not_the_header(
+    gateway: ServerThread, tmp_path: Path
+) -> None:
+    registry = SnapshotRegistry(tmp_path / "snapshots")
+    versions = ActiveVersions(registry, ttl_seconds=0.0)
+    probe = GoldenSetProbe(gateway.url, "redline-base", items=GOLDEN_SET[:3], versions=versions)
+    try:
+        # No active snapshot of the model: the simulator's header ("base") is all there is.
+        probe.run()
+        assert {a.model_version for a in probe.last_answers} == {"base"}
+        _activate(registry, tmp_path / "artifacts", "redline-base", "2024-06-01")
+        got = values(probe.run())
+        key = (("model", "redline-base"), ("model_version", "2024-06-01"))
+        assert got[(catalog.LLM_EVAL_REQUESTS_TOTAL.family, key)] == 3
+        assert {a.model_version for a in probe.last_answers} == {"2024-06-01"}
+    finally:
+        probe.close()
+
+
+def test_golden_file_and_posted_verdicts_share_one_series(
+    gateway: ServerThread, tmp_path: Path
+) -> None:
+    registry = SnapshotRegistry(tmp_path / "snapshots")
+    _activate(registry, tmp_path / "artifacts", "redline-base", "r7")
+    items = [
+        GoldenPrompt(item.id, item.prompt, item.expected, matcher=matcher)
+        for item, matcher in zip(
+            GOLDEN_SET[:3], ("numeric-tolerance", "regex", "contains"), strict=True
+        )
+    ]
+    items[1] = GoldenPrompt(items[1].id, items[1].prompt, r"\b72\b", matcher="regex")
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text(golden_lines(items))
+    token = tmp_path / "token"
+    token.write_text("evaluator-token")
+    disabled = ("endpoints", "index_staleness", "session_rpo", "keepalive", "drift")
+    settings = ExporterSettings.model_validate(
+        {
+            **{name: {"enabled": False} for name in disabled},
+            "models": {"root": str(registry.root), "interval_seconds": 1},
+            "golden_set": {
+                "gateway_url": gateway.url,
+                "path": str(golden),
+                "interval_seconds": 60,
+                "models": ["redline-base"],
+            },
+            "evaluations": {"token_file": str(token)},
+        }
+    )
+    exporter = build_exporter_app(settings, load_spec(None).spec)
+    with serve_in_thread(exporter.app) as server:
+        deadline = time.monotonic() + 20
+        while exporter.cache.status()["llm_golden_redline_base"]["last_success"] is None:
+            assert time.monotonic() < deadline, exporter.cache.status()
+            time.sleep(0.1)
+        answer = httpx.post(
+            f"{server.url}/v1/evaluations",
+            json=[{"model": "redline-base", "correct": False}] * 2,
+            headers={"Authorization": "Bearer evaluator-token"},
+        )
+        assert answer.status_code == 200, answer.text
+        text = httpx.get(f"{server.url}/metrics").text
+    found = {
+        (s.name, s.labels.get("model_version")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in (catalog.LLM_EVAL_REQUESTS_TOTAL.name, catalog.LLM_EVAL_CORRECT_TOTAL.name)
+    }
+    # Three golden answers (all right) and two posted verdicts (both wrong), one series each.
+    assert found == {
+        (catalog.LLM_EVAL_REQUESTS_TOTAL.name, "r7"): 5,
+        (catalog.LLM_EVAL_CORRECT_TOTAL.name, "r7"): 3,
+    }, text
+    result = subprocess.run(
+        [find_binary("promtool"), "check", "metrics"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
