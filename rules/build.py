@@ -11,7 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redline.rules.families import drift, guards, recordings, red_lines, rollback, rpo, slo, spot
+from redline.rules.families import (
+    drift,
+    guards,
+    recordings,
+    red_lines,
+    rollback,
+    rpo,
+    slo,
+    sources,
+    spot,
+)
 from redline.rules.families.slo import slo_error_ratio_expr
 from redline.rules.families.spot import build_spot_alerts
 from redline.rules.model import RuleGroup, format_duration
@@ -45,6 +55,7 @@ class Family:
 
 
 FAMILIES = (
+    Family("sources", sources.build_rules, sources.build_tests),
     Family("recordings", recordings.build_rules, recordings.build_tests),
     Family("red_lines", red_lines.build_rules, red_lines.build_tests),
     Family("rpo", rpo.build_rules, rpo.build_tests),

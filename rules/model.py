@@ -90,12 +90,32 @@ def number(value: float) -> str:
     return repr(round(value, 12)).removesuffix(".0")
 
 
+_EXACT_DIGITS = 6
+"""A bound with at most this many significant digits is matched exactly (0.8, 0.064)."""
+_PREFIX_DIGITS = 8
+"""A longer one by its first eight: TGI's 0.0001 x 1.5^i bounds are printed in full by the
+engine (0.7481827642679213), to other trailing digits than the spec's or the profile's."""
+
+
 def le_matcher(threshold: float) -> str:
-    """Match a histogram bucket's `le` however the client library formatted it (1 or 1.0)."""
+    """Match a histogram bucket's `le` however the client library formatted it (1 or 1.0; a
+    computed bound by its leading significant digits)."""
     text = number(threshold)
-    if "." in text or "e" in text:
+    if "e" in text:
         return f'le="{text}"'
-    return f'le=~"{text}(\\\\.0)?"'
+    if "." not in text:
+        return f'le=~"{text}(\\\\.0)?"'
+    if len(text.replace(".", "").lstrip("0")) <= _EXACT_DIGITS:
+        return f'le="{text}"'
+    seen, end = 0, len(text)
+    for index, char in enumerate(text):
+        if char.isdigit() and (seen or char != "0"):
+            seen += 1
+            if seen == _PREFIX_DIGITS:
+                end = index + 1
+                break
+    prefix = text[:end].replace(".", "\\\\.")  # `\\.` in the PromQL string: a literal dot
+    return f'le=~"{prefix}[0-9]*"'
 
 
 def selector(labels: dict[str, str], *extra: str) -> str:

@@ -7,6 +7,7 @@ evaluated by the real `promtool test rules` against the generated rule files.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,27 +82,202 @@ def counter(per_step: float, steps: int) -> str:
     return f"0+{number(per_step)}x{steps}"
 
 
-def histogram(
-    spec: Spec, labels: dict[str, str], per_bucket: dict[float, int], steps: int
-) -> dict[str, str]:
-    """Bucket, count and sum series of the latency histogram over `steps` samples; `per_bucket`
-    maps a bucket's upper bound to the requests falling in it each step."""
-    base = spec.sources.resolve().required_name("request_duration")
-    out: dict[str, str] = {}
-    cumulative = 0
-    for bound in spec.sources.buckets:
-        cumulative += per_bucket.get(bound, 0)
-        out[series(f"{base}_bucket", {**labels, "le": number(bound)})] = counter(cumulative, steps)
-    cumulative += per_bucket.get(math.inf, 0)
-    out[series(f"{base}_bucket", {**labels, "le": "+Inf"})] = counter(cumulative, steps)
-    out[series(f"{base}_count", labels)] = counter(cumulative, steps)
-    total = sum(bound * n for bound, n in per_bucket.items() if bound != math.inf)
-    out[series(f"{base}_sum", labels)] = counter(total, steps)
+CASE_MODEL = "chat"
+"""The model the cases serve (a profile with a constant model serves that one instead)."""
+
+
+class CaseInputError(ValueError):
+    """A source whose raw series the cases cannot write (a matcher no example value satisfies)."""
+
+
+_MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$')
+
+
+def parse_matcher(matcher: str) -> tuple[str, str, str]:
+    """(label, operator, value) of a PromQL label matcher such as `status="5xx"`."""
+    found = _MATCHER.match(matcher)
+    if found is None:
+        raise CaseInputError(f"{matcher!r} is not a PromQL label matcher")
+    label, op, raw = (str(group) for group in found.groups())
+    return label, op, re.sub(r"\\(.)", r"\1", raw)
+
+
+def matches(matcher: str, labels: dict[str, str]) -> bool:
+    """True when a series with `labels` satisfies `matcher` (a missing label is "")."""
+    label, op, value = parse_matcher(matcher)
+    actual = labels.get(label, "")
+    if op in ("=", "!="):
+        return (actual == value) == (op == "=")
+    try:
+        found = re.fullmatch(value, actual) is not None
+    except re.error as exc:  # RE2 syntax Python does not read
+        raise CaseInputError(f"cannot evaluate the regex of {matcher!r}: {exc}") from None
+    return found == (op == "=~")
+
+
+def _regex_examples(regex: str) -> list[str]:
+    """Strings that may match `regex`, simplest first (each is checked by the caller)."""
+    out: list[str] = []
+    for variant in (
+        re.sub(r"\([^()]*\)[?*]", "", regex),  # optional groups left out
+        re.sub(r"\(([^()]*)\)[?*]?", r"\1", regex),  # groups kept
+    ):
+        text = re.sub(r"\(([^()|]*)\|[^()]*\)", r"\1", variant).split("|")[0]
+        text = re.sub(r"\[\^?([^\]])[^\]]*\]", r"\1", text)
+        text = re.sub(r"\.\*|\\d\*", "", text)
+        text = re.sub(r"\.\+?", "0", text).replace("\\d", "0")
+        out.append(re.sub(r"\\(.)", r"\1", text).replace("(", "").replace(")", ""))
     return out
 
 
+# Plausible values first: an error matcher is satisfied by an error, violated by a success.
+_SATISFYING: tuple[str, ...] = ("error", "5xx", "500", "x")
+_VIOLATING: tuple[str, ...] = ("2xx", "200", "ok", "x", "")
+
+
+def _value_for(matcher: str, satisfy: bool) -> str:
+    label, op, value = parse_matcher(matcher)
+    examples: list[str] = _regex_examples(value) if "~" in op else []
+    candidates: list[str] = [value, *examples, *(_SATISFYING if satisfy else _VIOLATING)]
+    for candidate in candidates:
+        if matches(matcher, {label: candidate}) == satisfy:
+            return candidate
+    verb = "satisfies" if satisfy else "violates"
+    raise CaseInputError(f"no example label value {verb} the matcher {matcher!r}")
+
+
+def _with(labels: dict[str, str], label: str, value: str) -> dict[str, str]:
+    out = {k: v for k, v in labels.items() if k != label}
+    if value:  # an empty value is a missing label
+        out[label] = value
+    return out
+
+
+def satisfying(matchers: tuple[str, ...], labels: dict[str, str]) -> dict[str, str]:
+    """`labels` changed just enough to satisfy every matcher."""
+    out = dict(labels)
+    for matcher in matchers:
+        if not matches(matcher, out):
+            out = _with(out, parse_matcher(matcher)[0], _value_for(matcher, True))
+    if not all(matches(m, out) for m in matchers):
+        raise CaseInputError(f"no label values satisfy every matcher of {', '.join(matchers)}")
+    return out
+
+
+def case_model(spec: Spec) -> str:
+    """The model the cases' requests are for."""
+    return spec.sources.resolve().profile.model or CASE_MODEL
+
+
+def engine_labels(spec: Spec, labels: dict[str, str]) -> dict[str, str]:
+    """A request's catalog labels as the source's raw series carries them: renamed to the
+    engine's labels; the ones the mirror sets (served_region, rerouted, a constant model, the
+    registry's version) or the engine lacks (status) left out. The gateway's: unchanged."""
+    resolved = spec.sources.resolve()
+    if not resolved.mirrored:
+        return dict(labels)
+    out: dict[str, str] = {}
+    for label, value in labels.items():
+        engine = resolved.profile.labels.get(label)
+        if engine is not None:
+            out[engine] = value
+        elif label not in catalog.REQUEST_LABELS:
+            out[label] = value
+    return out
+
+
+def active_versions(spec: Spec, labels: dict[str, str], steps: int) -> dict[str, str]:
+    """The snapshot registry's `model_active_info` naming the labels' model version as active,
+    where the rules join versions from it (engine profiles); nothing otherwise."""
+    resolved = spec.sources.resolve()
+    version = labels.get(catalog.LABEL_MODEL_VERSION)
+    if not resolved.version_from_registry() or version is None:
+        return {}
+    model = resolved.profile.model or labels.get(catalog.LABEL_MODEL, CASE_MODEL)
+    info = {catalog.LABEL_MODEL: model, "version": version}
+    return {series(catalog.MODEL_ACTIVE_INFO, info): constant(1, steps)}
+
+
+def histogram(
+    spec: Spec, labels: dict[str, str], per_bucket: dict[float, float], steps: int
+) -> dict[str, str]:
+    """Bucket, count and sum series of the source's latency histogram over `steps` samples (the
+    engine's own name and labels for an engine profile, with its active version); `per_bucket`
+    maps a bucket's upper bound to the requests falling in it each step."""
+    found = spec.sources.resolve().series("request_duration")
+    assert found is not None, "every profile has a latency histogram"
+    base = found.names[0]
+    raw = satisfying(found.matchers, engine_labels(spec, labels))
+    out: dict[str, str] = {}
+    cumulative = 0.0
+    for bound in spec.sources.buckets:
+        cumulative += per_bucket.get(bound, 0)
+        out[series(f"{base}_bucket", {**raw, "le": number(bound)})] = counter(cumulative, steps)
+    cumulative += per_bucket.get(math.inf, 0)
+    out[series(f"{base}_bucket", {**raw, "le": "+Inf"})] = counter(cumulative, steps)
+    out[series(f"{base}_count", raw)] = counter(cumulative, steps)
+    total = sum(bound * n for bound, n in per_bucket.items() if bound != math.inf)
+    out[series(f"{base}_sum", raw)] = counter(total, steps)
+    out.update(active_versions(spec, labels, steps))
+    return out
+
+
+def request_counters(
+    spec: Spec, labels: dict[str, str], requests: float, errors: float, steps: int
+) -> dict[str, str]:
+    """Raw counters of the source adding up to `requests` requests and `errors` errors a step.
+
+    Where the source's error series is one of its request series (vLLM's
+    `http_requests_total{status="5xx"}`, NIM's failures), the errors are written once and the
+    rest as requests the error selector does not match; otherwise both counters are written.
+    """
+    resolved = spec.sources.resolve()
+    req, err = resolved.series("requests"), resolved.series("errors")
+    assert req is not None and err is not None, "every profile has request and error counters"
+    base = engine_labels(spec, labels)
+    err_name, err_labels = err.names[0], satisfying(err.matchers, base)
+    out: dict[str, str] = {}
+    if err_name in req.names and all(matches(m, err_labels) for m in req.matchers):
+        out[series(err_name, err_labels)] = counter(errors, steps)
+        if requests > errors:
+            name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)
+            out[series(name, good)] = counter(requests - errors, steps)
+    else:
+        name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)
+        out[series(name, good)] = counter(requests, steps)
+        out[series(err_name, err_labels)] = counter(errors, steps)
+    out.update(active_versions(spec, labels, steps))
+    return out
+
+
+def _not_an_error(
+    names: tuple[str, ...],
+    matchers: tuple[str, ...],
+    err_names: tuple[str, ...],
+    err_matchers: tuple[str, ...],
+    base: dict[str, str],
+) -> tuple[str, dict[str, str]]:
+    """A request series (name, labels) the error selector does not count."""
+    labels = satisfying(matchers, base)
+    for name in names:
+        if name not in err_names:
+            return name, labels
+    constrained = {parse_matcher(m)[0] for m in matchers}
+    for matcher in err_matchers:
+        label = parse_matcher(matcher)[0]
+        if label not in constrained:
+            return names[0], _with(labels, label, _value_for(matcher, False))
+    raise CaseInputError(
+        f"every request series {', '.join(names)} {', '.join(matchers)} is also an error"
+    )
+
+
 def bucket_around(spec: Spec, threshold: float) -> tuple[float, float]:
-    """The bucket bound at the threshold and the next one above it."""
+    """The bucket bound up to which requests count as fast at `threshold` (the threshold itself,
+    or an engine's nearest bound below it: `ResolvedSources.slow_bucket`) and the next above."""
     buckets = sorted(spec.sources.buckets)
-    above = [b for b in buckets if b > threshold]
-    return threshold, (above[0] if above else math.inf)
+    at = spec.sources.resolve().slow_bucket(threshold)
+    if at is None:
+        at = threshold
+    above = [b for b in buckets if b > at]
+    return at, (above[0] if above else math.inf)

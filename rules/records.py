@@ -7,6 +7,8 @@ module fills in the spec's histogram, quantile and windows.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from redline.rules.model import format_duration, number
 from redline.slo import catalog
 from redline.slo.spec import Spec
@@ -57,7 +59,34 @@ def rollback_records(spec: Spec) -> dict[str, str]:
         "p99": catalog.p99_by_version_record(base, window),
         "accuracy": catalog.accuracy_record(window),
         "requests": catalog.requests_by_version_record(base, window),
+        "verdicts": catalog.eval_verdicts_record(window),
+        "accuracy_upper": catalog.accuracy_upper_bound_record(window),
     }
+
+
+def tokens_rate_records(spec: Spec) -> dict[str, str]:
+    """Tokens/s records by kind (`generated`, `prompt`), only where the source has the signal."""
+    window = spec.red_lines.latency_p99.window
+    kinds: tuple[Literal["generated", "prompt"], ...] = ("generated", "prompt")
+    return {
+        kind: catalog.tokens_rate_record(kind, window)
+        for kind in kinds
+        if source_name(spec, f"{kind}_tokens") is not None
+    }
+
+
+def ttft_p99_record(spec: Spec) -> str | None:
+    """The recorded time-to-first-token P99 by served region and model; None without TTFT."""
+    if source_name(spec, "time_to_first_token") is None:
+        return None
+    name = catalog.LLM_TIME_TO_FIRST_TOKEN_SECONDS.name
+    return catalog.quantile_record(name, "99", spec.red_lines.latency_p99.window)
+
+
+def display_records(spec: Spec) -> tuple[str, ...]:
+    """Recorded series no alert reads, kept for the dashboards and reports (tokens/s, TTFT)."""
+    ttft = ttft_p99_record(spec)
+    return (*tokens_rate_records(spec).values(), *((ttft,) if ttft else ()))
 
 
 def spot_p95_record(spec: Spec) -> str:

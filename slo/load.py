@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from redline.slo.sources import SIGNAL_NAMES
 from redline.slo.spec import Spec, Timing, parse_duration
 
 DEFAULT_SPEC_NAME = "default.yaml"
@@ -57,6 +60,8 @@ def _location(loc: tuple[int | str, ...]) -> str:
             parts.append(f"[{item}]")
         elif item in ("slow_requests", "errors") and parts and parts[-1].endswith("sli"):
             continue  # the discriminator tag pydantic adds is not a field the user wrote
+        elif item == "[key]":
+            continue  # pydantic's marker for a bad mapping key: the key itself is named
         else:
             parts.append(("." if parts else "") + str(item))
     return "".join(parts) or "(top level)"
@@ -68,7 +73,20 @@ def _describe(error: Any) -> str:
         return "unknown field (not part of spec v1)"
     if error["type"] == "missing":
         return "required field is missing"
-    return message
+    return message.removeprefix("Value error, ")
+
+
+_FIELD_FIRST = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+): (.+)$", re.DOTALL)
+
+
+def _problem(source: str, error: Any) -> str:
+    """`file: field: message`; a validator's message naming a field under the error's location
+    (`sources.labels.colour: ...`) names that field instead."""
+    where, message = _location(tuple(error["loc"])), _describe(error)
+    named = _FIELD_FIRST.match(message)
+    if named and named.group(1).startswith(f"{where}."):
+        where, message = named.groups()
+    return f"{source}: {where}: {message}"
 
 
 def parse_spec(text: str, source: str) -> LoadedSpec:
@@ -86,9 +104,7 @@ def parse_spec(text: str, source: str) -> LoadedSpec:
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        problems = [
-            f"{source}: {_location(tuple(err['loc']))}: {_describe(err)}" for err in exc.errors()
-        ]
+        problems = [_problem(source, err) for err in exc.errors()]
         raise SpecError(problems) from None
     findings = check_spec(spec)
     errors = [f.render(source) for f in findings if f.level == "error"]
@@ -116,15 +132,8 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
 def check_spec(spec: Spec) -> list[Finding]:
     """Cross-field consistency checks that a field-by-field schema cannot express."""
     findings: list[Finding] = []
-    buckets = set(spec.sources.buckets)
-    thresholds = [("red_lines.latency_p99.threshold_seconds", spec.red_lines.latency_p99)]
-    for field, red_line in thresholds:
-        if red_line.threshold_seconds not in buckets:
-            findings.append(_no_bucket(field, red_line.threshold_seconds, buckets))
-    for index, slo in enumerate(spec.slos):
-        if slo.sli.kind == "slow_requests" and slo.sli.threshold_seconds not in buckets:
-            field = f"slos[{index}].sli.threshold_seconds"
-            findings.append(_no_bucket(field, slo.sli.threshold_seconds, buckets))
+    findings.extend(_threshold_findings(spec))
+    findings.extend(_source_findings(spec))
     for name in ("lora_adapter", "session_state", "embedding_index"):
         target = getattr(spec.rpo, name)
         interval = target.checkpoint_interval_seconds
@@ -146,8 +155,107 @@ def check_spec(spec: Spec) -> list[Finding]:
     return findings
 
 
-def _no_bucket(field: str, threshold: float, buckets: set[float]) -> Finding:
+def _threshold_findings(spec: Spec) -> list[Finding]:
+    """Latency thresholds that are not buckets: an error where the user chooses the buckets
+    (redline's gateway), a warning naming the bucket used where the engine fixed them."""
+    resolved = spec.sources.resolve()
+    buckets = set(resolved.buckets)
+    red_line = "red_lines.latency_p99.threshold_seconds"
+    thresholds = [(red_line, spec.red_lines.latency_p99.threshold_seconds)]
+    for index, slo in enumerate(spec.slos):
+        if slo.sli.kind == "slow_requests":
+            thresholds.append((f"slos[{index}].sli.threshold_seconds", slo.sli.threshold_seconds))
+    findings = []
+    for field, threshold in thresholds:
+        if threshold in buckets:
+            continue
+        bound = resolved.slow_bucket(threshold)
+        if bound is None:
+            findings.append(_no_bucket(field, threshold, buckets, resolved.name, resolved.mirrored))
+            continue
+        above = min((b for b in buckets if b > threshold), default=math.inf)
+        where = (
+            f"{threshold:g} s is not a bucket of the {resolved.name} profile's latency histogram"
+        )
+        if field != red_line:
+            consequence = f"requests over {bound:g} s count as slow"
+        else:
+            consequence = (
+                f"the P{_percent(spec.red_lines.latency_p99.quantile)} is interpolated between "
+                f"the buckets {bound:g} s and {above:g} s, approximate near the red line"
+            )
+        findings.append(Finding("warning", field, f"{where}; {consequence}"))
+    return findings
+
+
+def _percent(quantile: float) -> str:
+    return f"{quantile * 100:g}"
+
+
+_LOST = {
+    "request_duration": "no latency red line, latency SLO or rollback gate",
+    "requests": "no availability SLO",
+    "errors": "no availability SLO",
+    "prompt_tokens": "no prompt tokens/s is recorded",
+    "generated_tokens": "no generated tokens/s is recorded",
+    "time_to_first_token": "no time-to-first-token P99 is recorded",
+}
+
+
+_REROUTE = "p99_including_reroute"
+
+
+def _source_findings(spec: Spec) -> list[Finding]:
+    """What the source profile cannot provide, said once each (never silently dropped)."""
+    resolved = spec.sources.resolve()
+    profile = resolved.profile
+    findings = []
+    for signal in SIGNAL_NAMES:
+        if resolved.series(signal) is None:
+            reason = profile.missing.get(signal, f"the {profile.name} profile has no such series")
+            findings.append(
+                Finding(
+                    "warning",
+                    f"sources.series.{signal}",
+                    f"not available from {profile.name}: {reason}; {_LOST[signal]}",
+                )
+            )
+    if spec.red_lines.latency_p99.includes_reroute and not profile.includes_reroute:
+        # The profiles' reasons end by saying the gateway is needed: said once, first.
+        reason = re.sub(r"\s*\([^()]*gateway[^()]*\)$", "", profile.missing.get(_REROUTE, ""))
+        findings.append(
+            Finding(
+                "warning",
+                "red_lines.latency_p99.includes_reroute",
+                f"P99 including reroute needs redline's gateway in the path; {profile.name}: "
+                f"{reason or 'no reroute is measured'} (set includes_reroute: false to say so)",
+            )
+        )
+    for capability, reason in profile.missing.items():
+        if capability in SIGNAL_NAMES or capability == _REROUTE:
+            continue
+        findings.append(
+            Finding(
+                "warning",
+                "sources.profile",
+                f"{profile.name}: {capability.replace('_', ' ')}: {reason}",
+            )
+        )
+    return findings
+
+
+def _no_bucket(
+    field: str, threshold: float, buckets: set[float], profile: str, mirrored: bool
+) -> Finding:
     listed = ", ".join(f"{b:g}" for b in sorted(buckets))
+    if mirrored:
+        return Finding(
+            "error",
+            field,
+            f"{threshold:g} s is below every bucket of the {profile} profile's latency histogram "
+            f"({listed}): no request can be counted as faster; raise the threshold or set "
+            "sources.histogram_buckets to the le values your engine exposes",
+        )
     return Finding(
         "error",
         field,

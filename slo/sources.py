@@ -19,8 +19,10 @@ reads the result. Pure data and pure functions: nothing here touches the network
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from itertools import accumulate, repeat
 from typing import Literal, get_args
 
 from redline.slo import catalog
@@ -114,19 +116,24 @@ class SourceProfile:
 
 
 _GATEWAY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
-# vLLM's `request_latency_buckets` (vllm/v1/metrics/loggers.py); NIM for LLMs ships vLLM's.
+# vLLM's REQUEST_LATENCY_BUCKETS (vllm/v1/metrics/buckets.py; `request_latency_buckets` in
+# vllm/v1/metrics/loggers.py before that module existed), shared by every phase histogram.
 _VLLM_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
-# SGLang's default e2e latency buckets (python/sglang/srt/metrics/collector.py).
+# SGLang's default `bucket_e2e_request_latency` (TokenizerMetricsCollector in
+# python/sglang/srt/metrics/collector.py; `--bucket-e2e-request-latency` overrides it).
 _SGLANG_BUCKETS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
-    200.0, 400.0, 800.0,
+    200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
 )  # fmt: skip
-# TGI (metrics-exporter-prometheus): 0.0001 x 1.5^i for i < 50.
-_TGI_BUCKETS = tuple(round(0.0001 * 1.5**i, 10) for i in range(50))
-# OpenTelemetry's advisory buckets for gen_ai.client.operation.duration.
+# TGI's router (router/src/server.rs) sets every `*duration` histogram to 35 buckets: start at
+# 0.0001 s and multiply by 1.5 before each one (0.00015 ... 145.6 s). Computed the same way, so
+# the floats -- and the `le` text metrics-exporter-prometheus prints for them -- are TGI's own.
+_TGI_BUCKETS = tuple(accumulate(repeat(1.5, 35), operator.mul, initial=0.0001))[1:]
+# OpenTelemetry's advisory buckets for gen_ai.client.operation.duration (semantic-conventions,
+# docs/gen-ai/gen-ai-metrics.md).
 _OTEL_BUCKETS = (
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
@@ -135,7 +142,10 @@ _NO_REROUTE = (
     "latency is measured inside the engine: cross-region reroutes and the network are not in "
     "it (P99 including reroute needs redline's gateway in the path)"
 )
-_VLLM_HANDLERS = 'handler=~"/v1/(chat/)?completions"'
+_VLLM_HANDLERS = 'handler=~"/v1/chat/completions|/v1/completions|/v1/responses"'
+# The status label of prometheus-fastapi-instrumentator, grouped ("2xx", "4xx", "5xx") as vLLM
+# leaves it (vllm/entrypoints/serve/instrumentator/metrics.py; docs/design/metrics.md).
+_VLLM_SERVER_ERRORS = 'status="5xx"'
 
 PROFILES: Mapping[str, SourceProfile] = {
     profile.name: profile
@@ -159,23 +169,28 @@ PROFILES: Mapping[str, SourceProfile] = {
         ),
         SourceProfile(
             "vllm",
-            "vLLM OpenAI-compatible server",
-            "https://docs.vllm.ai/en/latest/design/metrics.html",
+            "vLLM OpenAI-compatible server (V1 engine)",
+            "https://docs.vllm.ai/en/latest/design/metrics.html (vllm/v1/metrics/loggers.py)",
             {
-                "request_duration": SourceSeries(("vllm:e2e_request_latency_seconds",)),
+                "request_duration": SourceSeries(
+                    ("vllm:e2e_request_latency_seconds",),
+                    note="labels model_name and engine (the data-parallel engine index)",
+                ),
                 "requests": SourceSeries(
                     ("http_requests_total",),
                     (_VLLM_HANDLERS,),
-                    "vLLM has no request or error counter with a status; its API server's "
-                    "http_requests_total (prometheus-fastapi-instrumentator, status grouped as "
-                    "2xx/4xx/5xx) stands in",
+                    "vLLM counts no requests by status; its API server's http_requests_total "
+                    "{handler, method, status} (prometheus-fastapi-instrumentator, status "
+                    "grouped as 2xx/4xx/5xx) stands in, for the generation handlers only",
                 ),
                 "errors": SourceSeries(
                     ("http_requests_total",),
-                    (_VLLM_HANDLERS, 'status="5xx"'),
-                    "server errors of the completion handlers (http_requests_total, status 5xx); "
-                    'vllm:request_success_total{finished_reason="abort"} counts client aborts, '
-                    "not failures",
+                    (_VLLM_HANDLERS, _VLLM_SERVER_ERRORS),
+                    "server errors (5xx) of the generation handlers; recent vLLM also counts "
+                    'engine-side failures as vllm:request_success_total{finished_reason="error"} '
+                    "(always answered 500, labelled with model_name: override sources.series."
+                    "errors with it, and requests with vllm:request_success_total, to keep a "
+                    'model label); finished_reason="abort" counts client aborts, not failures',
                 ),
                 "prompt_tokens": SourceSeries(("vllm:prompt_tokens_total",)),
                 "generated_tokens": SourceSeries(("vllm:generation_tokens_total",)),
@@ -188,22 +203,30 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "errors_by_model": "http_requests_total has no model label: the availability "
                 "SLO counts every model served by the API server",
                 "latency_by_lora_adapter": "vLLM labels latency with the served model name, not "
-                "the LoRA adapter: the version joined is the registry's active one for that name",
+                "the LoRA adapter (vllm:lora_requests_info only lists running/waiting adapter "
+                "names): the version joined is the registry's active one for that name",
             },
         ),
         SourceProfile(
             "sglang",
             "SGLang runtime (--enable-metrics)",
-            "https://docs.sglang.ai/references/production_metrics.html",
+            "https://docs.sglang.ai/references/production_metrics.html "
+            "(python/sglang/srt/metrics/collector.py)",
             {
-                "request_duration": SourceSeries(("sglang:e2e_request_latency_seconds",)),
+                "request_duration": SourceSeries(
+                    ("sglang:e2e_request_latency_seconds",),
+                    note="labels model_name and engine_type (unified, prefill or decode); "
+                    "earlier releases' documented example shows vLLM's buckets (0.3 ... 60 s)",
+                ),
                 "requests": SourceSeries(
                     ("sglang:num_requests_total",),
-                    note="finished requests, aborted ones included",
+                    note="finished requests, those aborted while running included (an abort "
+                    "in the waiting queue is counted in sglang:num_aborted_requests_total only)",
                 ),
                 "errors": SourceSeries(
                     ("sglang:num_aborted_requests_total",),
-                    note="SGLang counts no server errors by status: aborted requests stand in",
+                    note="SGLang counts no server errors by status: aborted requests (client "
+                    "disconnects, /abort_request, aborts by the scheduler) stand in",
                 ),
                 "prompt_tokens": SourceSeries(("sglang:prompt_tokens_total",)),
                 "generated_tokens": SourceSeries(("sglang:generation_tokens_total",)),
@@ -216,11 +239,25 @@ PROFILES: Mapping[str, SourceProfile] = {
         SourceProfile(
             "tgi",
             "Hugging Face Text Generation Inference",
-            "https://huggingface.co/docs/text-generation-inference/reference/metrics",
+            "https://huggingface.co/docs/text-generation-inference/reference/metrics "
+            "(router/src/server.rs)",
             {
-                "request_duration": SourceSeries(("tgi_request_duration",)),
-                "requests": SourceSeries(("tgi_request_count",)),
-                "errors": SourceSeries(("tgi_request_failure",)),
+                "request_duration": SourceSeries(
+                    ("tgi_request_duration",),
+                    note="no labels: one TGI serves one model (set sources.model)",
+                ),
+                "requests": SourceSeries(
+                    ("tgi_request_count",),
+                    note="every generate call; TGI's counters carry no _total suffix "
+                    "(metrics-exporter-prometheus)",
+                ),
+                "errors": SourceSeries(
+                    ("tgi_request_failure",),
+                    ('err!="validation"',),
+                    "failures by kind (err: overloaded, generation, incomplete, dropped, ...); "
+                    "validation errors are the client's (422) and are left out; dropped (the "
+                    "client hung up before its batch) stays in, as SGLang's aborts do",
+                ),
                 "prompt_tokens": SourceSeries(
                     ("tgi_request_input_length_sum",),
                     note="the sum of the input-length histogram",
@@ -235,35 +272,50 @@ PROFILES: Mapping[str, SourceProfile] = {
             missing={
                 "p99_including_reroute": _NO_REROUTE,
                 "time_to_first_token": "TGI publishes no time-to-first-token histogram",
-                "exact_latency_thresholds": "TGI's exponential buckets (0.0001 x 1.5^i) hold no "
-                "round thresholds: slow requests are counted at the nearest bucket below",
+                "exact_latency_thresholds": "TGI's exponential buckets (0.0001 s x 1.5^i, "
+                "i = 1..35) hold no round thresholds: slow requests are counted at the nearest "
+                "bucket below",
             },
         ),
         SourceProfile(
             "nim",
-            "NVIDIA NIM for LLMs",
+            "NVIDIA NIM for LLMs 1.x (unprefixed metrics at /v1/metrics)",
             "https://docs.nvidia.com/nim/large-language-models/latest/observability.html",
             {
                 "request_duration": SourceSeries(("e2e_request_latency_seconds",)),
                 "requests": SourceSeries(
                     ("request_success_total", "request_failure_total"),
-                    note="successes + failures",
+                    note="successes (finish reason stop or length) + failures (any other)",
                 ),
-                "errors": SourceSeries(("request_failure_total",)),
+                "errors": SourceSeries(
+                    ("request_failure_total",),
+                    note="requests that finished for any reason but stop or length",
+                ),
                 "prompt_tokens": SourceSeries(("prompt_tokens_total",)),
                 "generated_tokens": SourceSeries(("generation_tokens_total",)),
                 "time_to_first_token": SourceSeries(("time_to_first_token_seconds",)),
             },
             labels={"model": "model_name", "region": "region"},
             buckets=_VLLM_BUCKETS,
-            missing={"p99_including_reroute": _NO_REROUTE},
+            missing={
+                "p99_including_reroute": _NO_REROUTE,
+                "metric_names_of_nim_2x": "NIM for LLMs 2.x passes its backend's own metrics "
+                "through unchanged (docs: reference/logging-and-observability): use the vllm "
+                "(or sglang) profile there, with a scrape path of /v1/metrics",
+                "documented_bucket_bounds": "NIM 1.x documents no bucket bounds: vLLM's are "
+                "assumed; set sources.histogram_buckets to the le values your NIM exposes",
+            },
         ),
         SourceProfile(
             "otel-genai",
             "OpenTelemetry GenAI semantic conventions (as Prometheus translates them)",
             "https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/",
             {
-                "request_duration": SourceSeries(("gen_ai_client_operation_duration_seconds",)),
+                "request_duration": SourceSeries(
+                    ("gen_ai_client_operation_duration_seconds",),
+                    note="gen_ai.client.operation.duration (unit s) with Prometheus' default "
+                    "OTLP translation (dots to underscores, unit suffix added)",
+                ),
                 "requests": SourceSeries(("gen_ai_client_operation_duration_seconds_count",)),
                 "errors": SourceSeries(
                     ("gen_ai_client_operation_duration_seconds_count",),
@@ -278,7 +330,9 @@ PROFILES: Mapping[str, SourceProfile] = {
                 ),
                 "time_to_first_token": SourceSeries(
                     ("gen_ai_server_time_to_first_token_seconds",),
-                    note="a server-side metric: only where the model server emits it",
+                    note="a model-server metric: only where the server emits it (a streaming "
+                    "client's gen_ai.client.operation.time_to_first_chunk can be named in "
+                    "sources.series.time_to_first_token instead)",
                 ),
             },
             labels={"model": "gen_ai_request_model", "region": "region"},
@@ -424,3 +478,77 @@ def resolve_sources(
             "label that carries it"
         )
     return ResolvedSources(resolved)
+
+
+def _cell(text: str) -> str:
+    """Markdown table cell text (a `|` in a regex matcher must not end the cell)."""
+    return text.replace("|", "\\|")
+
+
+def _series_cell(found: SourceSeries | None) -> str:
+    if found is None:
+        return "–"
+    return _cell(" + ".join(f"`{found.selector(name)}`" for name in found.names))
+
+
+def _labels_cell(profile: SourceProfile) -> str:
+    if not profile.mirrored:
+        return "the catalog's own (the gateway writes them)"
+    parts = [f"`{label}` ← `{engine}`" for label, engine in profile.labels.items()]
+    if profile.model is not None:
+        parts.append(f"`model` = `{profile.model}`")
+    elif "model" not in profile.labels:
+        parts.append("`model` = `sources.model`")
+    if "model_version" not in profile.labels:
+        parts.append(f"`model_version` ← the snapshot registry (`{catalog.MODEL_ACTIVE_INFO}`)")
+    return "; ".join(parts)
+
+
+def _available(yes: bool, note: str = "") -> str:
+    return ("✓" + (f" ({note})" if note else "")) if yes else "–"
+
+
+def render_profiles_markdown() -> str:
+    """Every built-in profile as Markdown: what each red line and signal gets from it, its
+    series and labels, and what it cannot provide (the table in docs/spec-and-rules.md)."""
+    lines = [
+        "| profile | latency red line | P99 incl. reroute | latency SLO | availability SLO "
+        "| two-signal gate | tokens/s | TTFT P99 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for profile in PROFILES.values():
+        has = profile.series
+        exact = "exact_latency_thresholds" not in profile.missing
+        version = "version joined from the registry" if profile.mirrored else ""
+        tokens = "prompt_tokens" in has and "generated_tokens" in has
+        cells = [
+            f"`{profile.name}`",
+            _available("request_duration" in has),
+            _available(profile.includes_reroute),
+            _available("request_duration" in has, "" if exact else "nearest bucket below"),
+            _available("requests" in has and "errors" in has),
+            _available("request_duration" in has, version),
+            _available(tokens),
+            _available("time_to_first_token" in has),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| profile | latency histogram | requests | errors | prompt tokens | generated tokens "
+        "| TTFT histogram | labels |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for profile in PROFILES.values():
+        cells = [f"`{profile.name}`"]
+        cells += [_series_cell(profile.series.get(signal)) for signal in SIGNAL_NAMES]
+        cells.append(_labels_cell(profile))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Not available, per profile:", ""]
+    for profile in PROFILES.values():
+        gaps = [f"{key.replace('_', ' ')}: {reason}" for key, reason in profile.missing.items()]
+        lines.append(f"- `{profile.name}`: " + ("; ".join(gaps) if gaps else "nothing missing"))
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_profiles_markdown(), end="")

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from redline.cli import sources as sources_cli
 from redline.cli.common import RegionsOpt, err, fail
 from redline.cli.lazy import LazyGroup
 from redline.generate.outputs import RULES_DIR, build_outputs, diff_outputs, write_outputs
@@ -199,6 +200,9 @@ def demo(
     from redline.cli.stack import run_demo
 
     run_demo(run_dir, spec, once, rate, regions)
+
+
+sources_cli.register(app)  # light (the spec model only): registered eagerly, like validate
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from redline.rules.promtool_cases import (
     expected,
     series,
 )
+from redline.rules.records import request_duration
 from redline.slo import catalog
 from redline.slo.spec import Spec
 
@@ -23,7 +24,7 @@ def guarded_series(spec: Spec) -> tuple[tuple[str, str], ...]:
     """(SLI, series) for every SLI series the alerts read: an absent one means a dead exporter,
     which must page."""
     return (
-        ("request_latency", f"{spec.sources.resolve().required_name('request_duration')}_count"),
+        ("request_latency", f"{request_duration(spec)}_count"),
         ("index_staleness", catalog.VECTORDB_INDEX_STALENESS_SECONDS.name),
         ("delta_log", catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name),
         ("session_rpo", catalog.SESSION_CDC_RPO_SECONDS.name),

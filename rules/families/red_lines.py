@@ -26,7 +26,9 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     lat, keep, idx = red.latency_p99, red.context_keepalive, red.index_consistency
     quantile = f"P{number(lat.quantile * 100)}"
     short = format_duration(max(60.0, 4 * spec.timing.scrape_interval_seconds))
-    reroute = "including cross-region reroutes " if lat.includes_reroute else ""
+    # Only a source in the data path (redline's gateway) measures reroutes; `validate` warns.
+    measured = lat.includes_reroute and spec.sources.resolve().profile.includes_reroute
+    reroute = "including cross-region reroutes " if measured else ""
     rules = (
         alert_rule(
             spec,

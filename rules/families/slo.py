@@ -3,6 +3,7 @@ multiwindow burn-rate alerts (page and ticket), and the promtool cases that prov
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from redline.rules.common import alert_rule
@@ -19,11 +20,11 @@ from redline.rules.promtool_cases import (
     AlertIndex,
     Case,
     bucket_around,
-    counter,
     expected,
     histogram,
-    series,
+    request_counters,
 )
+from redline.rules.records import errors_total, request_duration, requests_total
 from redline.slo import catalog
 from redline.slo.spec import Slo, Spec, parse_duration
 
@@ -57,12 +58,20 @@ def burn_rate_windows() -> list[int]:
     return sorted(seconds)
 
 
+def slow_bound(spec: Spec, threshold: float) -> float:
+    """The bucket bound a slow-requests SLI counts good requests up to (`slow_bucket`; the
+    threshold itself where no bound is at or below it, which `check_spec` rejects)."""
+    bound = spec.sources.resolve().slow_bucket(threshold)
+    return threshold if bound is None else bound
+
+
 def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL for an SLO's share of bad events over `window`."""
     match slo.sli.kind:
         case "slow_requests":
-            base = spec.sources.resolve().required_name("request_duration")
-            good = selector(slo.sli.selector, le_matcher(slo.sli.threshold_seconds))
+            base = request_duration(spec)
+            bound = slow_bound(spec, slo.sli.threshold_seconds)
+            good = selector(slo.sli.selector, le_matcher(bound))
             total = selector(slo.sli.selector)
             return (
                 f"1 - (\n  sum(rate({base}_bucket{good}[{window}]))\n  /\n"
@@ -71,9 +80,20 @@ def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
         case "errors":
             sel = selector(slo.sli.selector)
             return (
-                f"sum(rate({spec.sources.resolve().required_name('errors')}{sel}[{window}]))\n/\n"
-                f"sum(rate({spec.sources.resolve().required_name('requests')}{sel}[{window}]))"
+                f"sum(rate({errors_total(spec)}{sel}[{window}]))\n/\n"
+                f"sum(rate({requests_total(spec)}{sel}[{window}]))"
             )
+
+
+def slo_events_expr(spec: Spec, slo: Slo, window: str) -> str:
+    """PromQL for an SLO's events over `window` (the burn-rate alerts' traffic guard)."""
+    sel = selector(slo.sli.selector)
+    match slo.sli.kind:
+        case "slow_requests":
+            total = f"{request_duration(spec)}_count"
+        case "errors":
+            total = requests_total(spec)
+    return f"sum(increase({total}{sel}[{window}]))"
 
 
 def build_slo_group(spec: Spec, slo: Slo) -> RuleGroup:
@@ -87,6 +107,14 @@ def build_slo_group(spec: Spec, slo: Slo) -> RuleGroup:
         expr = slo_error_ratio_expr(spec, slo, window)
         rules.append(RecordingRule(catalog.slo_errors_record(window), expr, labels))
     sel = selector(labels)
+    if slo.min_events:
+        for seconds in sorted({w.long_seconds for w in BURN_WINDOWS}):
+            window = format_duration(seconds)
+            rules.append(
+                RecordingRule(
+                    catalog.slo_events_record(window), slo_events_expr(spec, slo, window), labels
+                )
+            )
     rules.append(
         RecordingRule(catalog.SLO_OBJECTIVE_RECORD, f"vector({number(slo.objective)})", labels)
     )
@@ -103,9 +131,15 @@ def build_slo_group(spec: Spec, slo: Slo) -> RuleGroup:
         for w in windows:
             threshold = number(burn_factor(w, period) * budget)
             long_w, short_w = format_duration(w.long_seconds), format_duration(w.short_seconds)
+            # Too few events in the long window say nothing about the budget: no page.
+            guard = (
+                f"\n  and\n  {catalog.slo_events_record(long_w)}{sel} >= {slo.min_events}"
+                if slo.min_events
+                else ""
+            )
             conditions.append(
                 f"(\n  {catalog.slo_errors_record(long_w)}{sel} > {threshold}\n"
-                f"  and\n  {catalog.slo_errors_record(short_w)}{sel} > {threshold}\n)"
+                f"  and\n  {catalog.slo_errors_record(short_w)}{sel} > {threshold}{guard}\n)"
             )
         pairs = ", ".join(
             f"{number(burn_factor(w, period))}x over "
@@ -138,41 +172,44 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
 
 
 def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
-    """Burn-rate alerts: all-bad traffic pages and tickets; traffic within budget is silent."""
+    """Burn-rate alerts: all-bad traffic pages and tickets; traffic within budget is silent;
+    all-bad traffic under `min_events` in the long windows is silent."""
     budget = 1 - slo.objective
     labels = {"region": spec.regions[0], "model": "chat", "model_version": "v1", "status": "200"}
     labels.update(slo.sli.selector)
+    # 30 minutes of traffic at the case's evaluation: the long windows hold 30 minutes of events.
+    minutes = 30
+    busy = max(100, math.ceil(slo.min_events / minutes) * 2)
+    quiet = slo.min_events / (2 * minutes)  # half of min_events by the evaluation
+
+    def all_bad(per_minute: float) -> dict[str, str]:
+        match slo.sli.kind:
+            case "slow_requests":
+                _, above = bucket_around(spec, slo.sli.threshold_seconds)
+                return histogram(spec, labels, {above: per_minute}, 60)
+            case "errors":
+                return request_counters(spec, labels, per_minute, per_minute, 60)
+
     match slo.sli.kind:
         case "slow_requests":
             at, above = bucket_around(spec, slo.sli.threshold_seconds)
-            bad = histogram(spec, labels, {above: 100}, 60)
             # Half the budget: 1000 requests a minute, budget/2 of them slow.
             bad_per_min = 1000 * budget / 2
             good = histogram(
                 spec, labels, {at: int(1000 - bad_per_min), above: int(bad_per_min)}, 60
             )
         case "errors":
-            sel = dict(labels)
-            bad = {
-                series(spec.sources.resolve().required_name("requests"), sel): counter(100, 60),
-                series(spec.sources.resolve().required_name("errors"), sel): counter(100, 60),
-            }
-            good = {
-                series(spec.sources.resolve().required_name("requests"), sel): counter(10000, 60),
-                series(spec.sources.resolve().required_name("errors"), sel): counter(
-                    10000 * budget / 2, 60
-                ),
-            }
+            good = request_counters(spec, labels, 10000, 10000 * budget / 2, 60)
     name = slo.burn_alert_name
     page, ticket = alerts.get(name, severity="page"), alerts.get(name, severity="ticket")
     period = parse_duration(slo.period)
     fastest = max(burn_factor(w, period) for w in BURN_WINDOWS) * budget
     assert fastest < 1, "an all-bad SLI must burn faster than the fastest alert"
-    return [
+    cases = [
         Case(
             f"{slo.name} SLO: every request bad pages and tickets",
-            bad,
-            1800,
+            all_bad(busy),
+            minutes * 60,
             [
                 (
                     name,
@@ -183,8 +220,24 @@ def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
                 ),
             ],
         ),
-        Case(f"{slo.name} SLO: half the budget's error rate is silent", good, 1800, [(name, [])]),
+        Case(
+            f"{slo.name} SLO: half the budget's error rate is silent",
+            good,
+            minutes * 60,
+            [(name, [])],
+        ),
     ]
+    if slo.min_events:
+        cases.append(
+            Case(
+                f"{slo.name} SLO: every request bad but fewer than min_events "
+                f"({slo.min_events}) is silent",
+                all_bad(quiet),
+                minutes * 60,
+                [(name, [])],
+            )
+        )
+    return cases
 
 
 def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:

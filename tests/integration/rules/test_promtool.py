@@ -74,6 +74,24 @@ def test_local_profile_output_passes_every_check(tmp_path: Path) -> None:
             "or on (model, model_version)\n      (\n        max by",
             "latency up alone",
         ),
+        # no minimum-traffic guard on the burn-rate alerts
+        (
+            f'{catalog.slo_events_record("1h")}{{slo="latency"}} >= 100',
+            f'{catalog.slo_events_record("1h")}{{slo="latency"}} >= 0',
+            "fewer than min_events",
+        ),
+        # no minimum number of accuracy verdicts
+        (
+            f"{catalog.eval_verdicts_record('5m')} >= 100",
+            f"{catalog.eval_verdicts_record('5m')} >= 0",
+            "under min_eval_samples verdicts",
+        ),
+        # the accuracy leg on the point value instead of the Wilson bound
+        (
+            f"on (model, model_version) {catalog.accuracy_upper_bound_record('5m')}",
+            f"on (model, model_version) {catalog.accuracy_record('5m')}",
+            "one wrong answer out of 120",
+        ),
         # the latency red line at the wrong threshold
         ("p99_5m > 0.8", "p99_5m > 1.5", "latency red line"),
         # the staleness red line inclusive of the boundary
@@ -120,7 +138,10 @@ def test_a_spec_with_200_slos_generates_valid_rules(tmp_path: Path) -> None:
         ["promtool", "check", "rules", RULE_FILE], cwd=directory, capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 2" in check.stdout  # thousands of rules, every one parsed
+    written = yaml.safe_load((directory / RULE_FILE).read_text())["groups"]
+    count = sum(len(group["rules"]) for group in written)
+    assert count > 3000
+    assert f"SUCCESS: {count} rules found" in check.stdout  # thousands of rules, every one parsed
 
 
 def test_prometheus_rule_groups_are_valid_rule_groups(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -75,6 +77,9 @@ def test_gate_reads_spec_values(spec: Spec) -> None:
     assert f"1.15 * max by (model, model_version) ({catalog.MODEL_BASELINE_P99_SECONDS})" in expr
     assert "> 0.008 + 1e-09" in expr
     assert ">= 2000" in expr
+    # The accuracy leg reads the Wilson upper bound, with enough verdicts.
+    assert f"- on (model, model_version) {catalog.accuracy_upper_bound_record('5m')}" in expr
+    assert f"{catalog.eval_verdicts_record('5m')} >= 100" in expr
     changed = spec.model_copy(
         update={"rollback": spec.rollback.model_copy(update={"min_samples": 50})}
     )
@@ -137,6 +142,14 @@ def test_number_and_le_matcher() -> None:
     assert number(2.0) == "2"
     assert le_matcher(0.8) == 'le="0.8"'
     assert le_matcher(1.0) == 'le=~"1(\\\\.0)?"'
+    # A computed bound (TGI's 0.0001 x 1.5^i) by its first eight significant digits, whatever
+    # trailing digits the engine prints.
+    matcher = le_matcher(0.7481827643)
+    assert matcher == 'le=~"0\\\\.74818276[0-9]*"'
+    regex = matcher.removeprefix('le=~"').removesuffix('"').replace("\\\\", "\\")
+    assert re.fullmatch(regex, "0.7481827642679213")
+    assert re.fullmatch(regex, "0.7481827643")
+    assert not re.fullmatch(regex, "1.122274146401882")
 
 
 @pytest.mark.parametrize(

@@ -230,3 +230,120 @@ def test_arbitrary_text_never_crashes_the_loader(text: str) -> None:
 def test_valid_variations_load(changes: dict[str, object]) -> None:
     loaded = parse_spec(_spec_with(**changes), "ok.yaml")
     assert loaded.spec.rollback.min_samples == changes["rollback__min_samples"]
+
+
+# --- source profiles -----------------------------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "slo" / "specs" / "examples"
+
+
+def _with_sources(sources: dict[str, object], **changes: object) -> str:
+    data = yaml.safe_load(_spec_with(**changes))
+    data["sources"] = sources
+    return yaml.safe_dump(data)
+
+
+@pytest.mark.parametrize(
+    ("sources", "field", "message"),
+    [
+        (
+            {"profile": "triton"},
+            "sources.profile",
+            "'redline-gateway', 'vllm', 'sglang', 'tgi', 'nim' or 'otel-genai'",
+        ),
+        (
+            {"profile": "vllm", "labels": {"colour": "hue"}},
+            "sources.labels.colour",
+            "cannot map a catalog label 'colour'; allowed: region, model, model_version, status",
+        ),
+        (
+            {"profile": "redline-gateway", "labels": {"model": "model_name"}},
+            "sources.labels.model",
+            "label overrides apply to engine profiles (vllm, sglang, tgi, nim, otel-genai)",
+        ),
+        (
+            {"profile": "vllm", "series": {"errors": {"names": ["x_total"], "matchers": ["a=b"]}}},
+            "sources.series.errors.matchers",
+            'not a PromQL label matcher like status="5xx" (operators =, !=, =~, !~',
+        ),
+        (
+            {"profile": "vllm", "series": {"latency": {"names": ["x"]}}},
+            "sources.series.latency",
+            "'request_duration', 'requests', 'errors'",
+        ),
+        ({"profile": "tgi"}, "sources.model", "set sources.model to the model it serves"),
+    ],
+)
+def test_bad_sources_name_the_field_and_the_allowed(
+    sources: dict[str, object], field: str, message: str
+) -> None:
+    problems = _problems(_with_sources(sources))
+    assert any(p.startswith(f"spec.yaml: {field}: ") and message in p for p in problems), problems
+    assert not any("Value error" in p for p in problems), problems
+
+
+def test_an_engine_threshold_off_the_buckets_warns_with_the_bucket_used() -> None:
+    loaded = parse_spec(_with_sources({"profile": "otel-genai"}), "spec.yaml")
+    by_field = {w.field: w for w in loaded.warnings}
+    slow = by_field["slos[0].sli.threshold_seconds"]
+    assert slow.level == "warning"
+    assert "0.8 s is not a bucket of the otel-genai profile's latency histogram" in slow.message
+    assert "requests over 0.64 s count as slow" in slow.message
+    red = by_field["red_lines.latency_p99.threshold_seconds"]
+    assert "interpolated between the buckets 0.64 s and 1.28 s" in red.message
+
+
+def test_an_engine_threshold_under_every_bucket_is_an_error() -> None:
+    text = _with_sources({"profile": "vllm"}, red_lines__latency_p99__threshold_seconds=0.1)
+    problems = _problems(text)
+    assert any(
+        "red_lines.latency_p99.threshold_seconds: error: 0.1 s is below every bucket of the "
+        "vllm profile's latency histogram" in p
+        for p in problems
+    ), problems
+
+
+def test_what_a_profile_cannot_provide_is_a_warning() -> None:
+    loaded = parse_spec(_with_sources({"profile": "tgi", "model": "chat"}), "spec.yaml")
+    lines = [w.render("spec.yaml") for w in loaded.warnings]
+    assert any(
+        line.startswith(
+            "spec.yaml: sources.series.time_to_first_token: warning: not available "
+            "from tgi: TGI publishes no time-to-first-token histogram"
+        )
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith(
+            "spec.yaml: red_lines.latency_p99.includes_reroute: warning: P99 "
+            "including reroute needs redline's gateway"
+        )
+        for line in lines
+    ), lines
+    assert any(line.startswith("spec.yaml: sources.profile: warning: tgi: ") for line in lines)
+    # Said false, the reroute warning goes away: the user knows.
+    quiet = parse_spec(
+        _with_sources(
+            {"profile": "tgi", "model": "chat"}, red_lines__latency_p99__includes_reroute=False
+        ),
+        "spec.yaml",
+    )
+    assert "red_lines.latency_p99.includes_reroute" not in {w.field for w in quiet.warnings}
+
+
+def test_the_gateway_profile_adds_no_warning() -> None:
+    assert [w.field for w in load_spec().warnings] == [
+        "rpo.lora_adapter.checkpoint_interval_seconds"
+    ]
+
+
+@pytest.mark.parametrize("profile", ["vllm", "sglang", "tgi", "nim", "otel-genai"])
+def test_every_engine_profile_has_a_minimal_example_that_loads(profile: str) -> None:
+    loaded = load_spec(EXAMPLES / f"{profile}.yaml")
+    assert loaded.spec.sources.profile == profile
+    assert set(yaml.safe_load((EXAMPLES / f"{profile}.yaml").read_text())) == {
+        "version", "service", "regions", "sources",
+    }  # fmt: skip
+    fields = {w.field for w in loaded.warnings}
+    assert "red_lines.latency_p99.includes_reroute" in fields
+    assert all(w.level == "warning" for w in loaded.warnings)

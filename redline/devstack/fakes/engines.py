@@ -1,0 +1,813 @@
+"""Fake serving engines' `/metrics`: the exposition each engine profile documents, no GPU needed.
+
+`EngineMetrics(profile, model="chat", extra_labels={})` holds the series one vLLM, SGLang, TGI,
+NIM (1.x) or OpenTelemetry-instrumented client would publish, written with prometheus-client on a
+`CollectorRegistry` of its own (no global state): the names the profile maps
+(`redline.slo.sources.PROFILES`, read from there), the engine's label names, and histograms with
+the engine's own bucket bounds, spelled here as each engine's code spells them (so a unit test
+comparing them with the profile's `buckets` checks two transcriptions against each other).
+Around them sit the series no rule reads but a real scrape shows (vLLM's
+`vllm:request_success_total{finished_reason}`, `vllm:num_requests_running`,
+`vllm:lora_requests_info`, the API server's `http_requests_total` ...), so dashboards and
+queries meet a realistic page.
+
+`observe(latency_seconds, status=200, prompt_tokens=..., completion_tokens=..., ttft_seconds=...,
+count=1)` records `count` identical requests the way the engine would: a 2xx finishes normally; a
+5xx is what each engine counts as a failure (vLLM: `finished_reason="error"` and an HTTP 5xx;
+SGLang: an aborted request; TGI: `tgi_request_failure{err}`; NIM: `request_failure_total`;
+OpenTelemetry: an operation with `error.type`); a 4xx is a client error (vLLM: HTTP 4xx only;
+TGI: `err="validation"` for 422, `"overloaded"` for 429; the others record nothing); 499 is a
+client abort. `lora_adapters` fills vLLM's `vllm:lora_requests_info`. `render()` is the text
+exposition; `EngineMetricsServer(exposition)` serves any object with `render()` on `/metrics` (and
+NIM's `/v1/metrics`) from a thread.
+
+Where prometheus-client cannot write what a non-Python engine writes, the text is adjusted (TGI's
+counters carry no `_total`); prometheus-client's `_created` series stay (TGI and OpenTelemetry's
+Prometheus translation have none; no rule reads them).
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import accumulate, repeat
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from redline.slo.sources import PROFILES, SourceProfile
+
+ENGINE_PROFILES = tuple(name for name, profile in PROFILES.items() if profile.mirrored)
+"""Profiles with an engine exposition here (every profile but redline's own gateway)."""
+
+# vLLM (vllm/v1/metrics/buckets.py): REQUEST_LATENCY_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS and
+# INTER_TOKEN_LATENCY_BUCKETS.
+VLLM_REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+VLLM_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+VLLM_ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)  # fmt: skip
+VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM's FINISH_REASON_STRINGS: every value is a `finished_reason` series from the start."""
+VLLM_MAX_MODEL_LEN = 4096
+# SGLang (TokenizerMetricsCollector defaults, python/sglang/srt/metrics/collector.py).
+SGLANG_E2E_BUCKETS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
+)  # fmt: skip
+SGLANG_TTFT_BUCKETS = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
+    200.0, 400.0,
+)  # fmt: skip
+# TGI's router (router/src/server.rs): every `*duration` histogram gets 35 buckets, a geometric
+# sequence that multiplies 0.0001 by 1.5 before each push; token histograms get 100 equal steps
+# up to max_input_tokens / max_total_tokens.
+TGI_DURATION_BUCKETS = tuple(accumulate(repeat(1.5, 35), operator.mul, initial=0.0001))[1:]
+TGI_MAX_INPUT_TOKENS = 4095
+TGI_MAX_TOTAL_TOKENS = 4096
+# OpenTelemetry semantic conventions (docs/gen-ai/gen-ai-metrics.md), advisory bucket bounds.
+OTEL_DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+OTEL_TOKEN_BUCKETS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)  # fmt: skip
+OTEL_SERVER_TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+
+ABORTED = 499
+"""The status `observe` takes for a request the client gave up on (nginx's convention)."""
+
+
+class EngineProfileError(ValueError):
+    """A profile with no engine exposition (unknown, or redline's own gateway)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One finished request as an engine sees it."""
+
+    latency: float
+    status: int
+    prompt_tokens: int
+    completion_tokens: int
+    ttft: float
+
+    @property
+    def ok(self) -> bool:
+        """True for a 2xx answer."""
+        return 200 <= self.status < 300
+
+    @property
+    def status_group(self) -> str:
+        """The status as prometheus-fastapi-instrumentator groups it ("2xx", "5xx", ...)."""
+        return f"{self.status // 100}xx"
+
+    @property
+    def per_token(self) -> float:
+        """Mean time per output token after the first."""
+        return max(self.latency - self.ttft, 0.0) / max(self.completion_tokens - 1, 1)
+
+
+def _names(profile: SourceProfile, signal: str) -> tuple[str, ...]:
+    found = profile.series.get(signal)
+    if found is None:
+        raise EngineProfileError(f"the {profile.name} profile maps no {signal} series")
+    return found.names
+
+
+def _child(metric: Histogram, labels: Mapping[str, str]) -> Histogram:
+    # prometheus-client refuses labels() on a metric declared without label names (TGI's).
+    return metric.labels(**labels) if labels else metric
+
+
+def _observe(histogram: Histogram, value: float, count: int) -> None:
+    # prometheus-client has no bulk observe; a loop keeps its buckets, sum and count exact.
+    for _ in range(count):
+        histogram.observe(value)
+
+
+class _Engine:
+    """One engine's series on a registry; subclasses record requests the engine's way."""
+
+    def __init__(
+        self,
+        profile: SourceProfile,
+        registry: CollectorRegistry,
+        model: str,
+        extra_labels: Mapping[str, str],
+        lora_adapters: Sequence[str] = (),
+    ) -> None:
+        self.profile = profile
+        self.registry = registry
+        self.model = model
+        self.extra = dict(sorted(extra_labels.items()))
+        self.lora_adapters = tuple(lora_adapters)
+        self.setup()
+
+    def setup(self) -> None:
+        """Create the engine's series."""
+        raise NotImplementedError
+
+    @property
+    def model_label(self) -> str | None:
+        """The engine's label carrying the model (None for TGI: one server, one model)."""
+        return self.profile.labels.get("model")
+
+    def base_labels(self, **engine_labels: str) -> dict[str, str]:
+        """The model label, `engine_labels` and the extra labels, as label name -> value."""
+        labels = {self.model_label: self.model} if self.model_label else {}
+        return {**labels, **engine_labels, **self.extra}
+
+    def histogram(
+        self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
+    ) -> Histogram:
+        """A histogram on this engine's registry."""
+        return Histogram(name, doc, labels, registry=self.registry, buckets=buckets)
+
+    def counter(self, name: str, doc: str, labels: Sequence[str]) -> Counter:
+        """A counter on this engine's registry (prometheus-client adds `_total`)."""
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def gauge(self, name: str, doc: str, labels: Sequence[str]) -> Gauge:
+        """A gauge on this engine's registry."""
+        return Gauge(name, doc, labels, registry=self.registry)
+
+    def record(self, request: Request, count: int) -> None:
+        """Count `count` identical requests."""
+        raise NotImplementedError
+
+    def fix_text(self, text: str) -> str:
+        """The exposition as the engine writes it (prometheus-client's text, unless overridden)."""
+        return text
+
+
+class _Vllm(_Engine):
+    """vLLM V1 (vllm/v1/metrics/loggers.py) behind its OpenAI API server."""
+
+    HANDLER = "/v1/chat/completions"
+
+    def setup(self) -> None:
+        """The engine's series, the API server's, and LoRA info when adapters are loaded."""
+        base = self.base_labels(engine="0")
+        names = list(base)
+        buckets_tokens = _one_two_five(VLLM_MAX_MODEL_LEN)
+        self.e2e = self.histogram(
+            _names(self.profile, "request_duration")[0],
+            "Histogram of e2e request latency in seconds.",
+            names,
+            VLLM_REQUEST_LATENCY_BUCKETS,
+        ).labels(**base)
+        self.ttft = self.histogram(
+            _names(self.profile, "time_to_first_token")[0],
+            "Histogram of time to first token in seconds.",
+            names,
+            VLLM_TTFT_BUCKETS,
+        ).labels(**base)
+        self.itl = self.histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            names,
+            VLLM_ITL_BUCKETS,
+        ).labels(**base)
+        self.queue = self.histogram(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            names,
+            VLLM_REQUEST_LATENCY_BUCKETS,
+        ).labels(**base)
+        self.prompt_hist = self.histogram(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed.",
+            names,
+            buckets_tokens,
+        ).labels(**base)
+        self.generation_hist = self.histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            names,
+            buckets_tokens,
+        ).labels(**base)
+        self.prompt_tokens = self.counter(
+            _names(self.profile, "prompt_tokens")[0], "Number of prefill tokens processed.", names
+        ).labels(**base)
+        self.generation_tokens = self.counter(
+            _names(self.profile, "generated_tokens")[0],
+            "Number of generation tokens processed.",
+            names,
+        ).labels(**base)
+        success = self.counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*names, "finished_reason"],
+        )
+        self.finished = {
+            reason: success.labels(**base, finished_reason=reason)
+            for reason in VLLM_FINISHED_REASONS
+        }
+        self.preemptions = self.counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", names
+        ).labels(**base)
+        self.running = self.gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", names
+        ).labels(**base)
+        self.waiting = self.gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", names
+        ).labels(**base)
+        self.kv_cache = self.gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", names
+        ).labels(**base)
+        self.lora_info = (
+            self.gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters", *self.extra],
+            )
+            if self.lora_adapters
+            else None
+        )
+        # prometheus-fastapi-instrumentator's default metrics, on vLLM's registry. It creates a
+        # status series at its first request (no zero before it), so a burst of 5xx on a fresh
+        # series is partly invisible to rate(), as on a real vLLM.
+        http_labels = ["handler", "method", "status", *self.extra]
+        self.http_requests = self.counter(
+            _names(self.profile, "requests")[0],
+            "Total number of requests by method, status and handler.",
+            http_labels,
+        )
+        self.http_duration = self.histogram(
+            "http_request_duration_seconds",
+            "Latency with only few buckets by handler. Made to be only used if aggregation by "
+            "handler is important.",
+            ["handler", "method", *self.extra],
+            (0.1, 0.5, 1.0),
+        ).labels(handler=self.HANDLER, method="POST", **self.extra)
+        self.kv_cache.set(0.05)
+
+    def record(self, request: Request, count: int) -> None:
+        """Finished requests go through the engine's stats; every request through the API's."""
+        self.http_requests.labels(
+            handler=self.HANDLER, method="POST", status=request.status_group, **self.extra
+        ).inc(count)
+        _observe(self.http_duration, request.latency, count)
+        if 400 <= request.status < 500 and request.status != ABORTED:
+            return  # refused by the API server (validation): the engine never saw it
+        reason = "stop" if request.ok else "abort" if request.status == ABORTED else "error"
+        self.finished[reason].inc(count)
+        _observe(self.e2e, request.latency, count)
+        _observe(self.queue, min(0.01, request.latency), count)
+        if request.ok:
+            _observe(self.ttft, request.ttft, count)
+            _observe(self.itl, request.per_token, count)
+            _observe(self.prompt_hist, request.prompt_tokens, count)
+            _observe(self.generation_hist, request.completion_tokens, count)
+            self.prompt_tokens.inc(request.prompt_tokens * count)
+            self.generation_tokens.inc(request.completion_tokens * count)
+        if self.lora_info is not None:
+            # vLLM stamps the gauge with the time of the last iteration that saw the adapters.
+            self.lora_info.labels(
+                max_lora=str(len(self.lora_adapters)),
+                waiting_lora_adapters="",
+                running_lora_adapters=",".join(self.lora_adapters),
+                **self.extra,
+            ).set(time.time())
+
+
+def _one_two_five(max_value: int) -> tuple[float, ...]:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to `max_value`."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+class _Sglang(_Engine):
+    """SGLang's TokenizerMetricsCollector and scheduler gauges (--enable-metrics)."""
+
+    def setup(self) -> None:
+        """The engine's series."""
+        base = self.base_labels(engine_type="unified")
+        names = list(base)
+        self.e2e = self.histogram(
+            _names(self.profile, "request_duration")[0],
+            "Histogram of End-to-end request latency in seconds",
+            names,
+            SGLANG_E2E_BUCKETS,
+        ).labels(**base)
+        self.ttft = self.histogram(
+            _names(self.profile, "time_to_first_token")[0],
+            "Histogram of time to first token in seconds.",
+            names,
+            SGLANG_TTFT_BUCKETS,
+        ).labels(**base)
+        self.requests = self.counter(
+            _names(self.profile, "requests")[0], "Number of requests processed.", names
+        ).labels(**base)
+        self.aborted = self.counter(
+            _names(self.profile, "errors")[0], "Number of requests aborted.", names
+        ).labels(**base)
+        self.prompt_tokens = self.counter(
+            _names(self.profile, "prompt_tokens")[0], "Number of prefill tokens processed.", names
+        ).labels(**base)
+        self.generation_tokens = self.counter(
+            _names(self.profile, "generated_tokens")[0],
+            "Number of generation tokens processed.",
+            names,
+        ).labels(**base)
+        self.cached_tokens = self.counter(
+            "sglang:cached_tokens_total", "Number of cached prompt tokens.", names
+        ).labels(**base)
+        self.running = self.gauge(
+            "sglang:num_running_reqs", "The number of running requests.", names
+        ).labels(**base)
+        self.queued = self.gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", names
+        ).labels(**base)
+        self.token_usage = self.gauge("sglang:token_usage", "The token usage.", names).labels(
+            **base
+        )
+        self.token_usage.set(0.05)
+
+    def record(self, request: Request, count: int) -> None:
+        """A finished request (aborted ones too) is one of num_requests_total."""
+        if 400 <= request.status < 500 and request.status != ABORTED:
+            return  # rejected by the tokenizer manager before it was scheduled
+        self.requests.inc(count)
+        _observe(self.e2e, request.latency, count)
+        if not request.ok:
+            self.aborted.inc(count)
+            return
+        _observe(self.ttft, request.ttft, count)
+        self.prompt_tokens.inc(request.prompt_tokens * count)
+        self.generation_tokens.inc(request.completion_tokens * count)
+
+
+class _BareCounters(Collector):
+    """Counters named without `_total`, as metrics-exporter-prometheus (Rust) writes TGI's."""
+
+    def __init__(self, docs: Mapping[str, str]) -> None:
+        self.docs = dict(docs)
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+
+    def inc(self, name: str, amount: float = 1.0, labels: Mapping[str, str] | None = None) -> None:
+        """Add `amount` to the counter `name` with `labels`."""
+        key = (name, tuple(sorted((labels or {}).items())))
+        with self._lock:
+            self._values[key] = self._values.get(key, 0.0) + amount
+
+    def collect(self) -> Iterator[Metric]:
+        """One counter family per name, its samples under the bare name."""
+        with self._lock:
+            values = dict(self._values)
+        for name, doc in self.docs.items():
+            family = Metric(name, doc, "counter")
+            for (sample, labels), value in sorted(values.items()):
+                if sample == name:
+                    family.add_sample(name, dict(labels), value)
+            yield family
+
+    def fix_headers(self, text: str) -> str:
+        """HELP and TYPE lines under the bare name, as metrics-exporter-prometheus writes them."""
+        # prometheus-client names every counter family `<name>_total` in those two lines.
+        for name in self.docs:
+            text = re.sub(
+                rf"^# (HELP|TYPE) {re.escape(name)}_total ", rf"# \1 {name} ", text, flags=re.M
+            )
+        return text
+
+
+class _Tgi(_Engine):
+    """TGI's router (metrics crate + metrics-exporter-prometheus): no model label."""
+
+    FAILURE_KINDS = {422: "validation", 429: "overloaded", 424: "generation", 500: "incomplete"}
+
+    def setup(self) -> None:
+        """The engine's series."""
+        labels = self.base_labels()
+        names = list(labels)
+        self.count_name = _names(self.profile, "requests")[0]
+        self.failure_name = _names(self.profile, "errors")[0]
+        self.success_name = "tgi_request_success"
+        self.counters = _BareCounters(
+            {
+                self.count_name: "Total number of requests",
+                self.success_name: "Number of successful requests",
+                self.failure_name: "Number of failed requests",
+            }
+        )
+        self.registry.register(self.counters)
+
+        def duration(name: str, doc: str) -> Histogram:
+            return self.histogram(name, doc, names, TGI_DURATION_BUCKETS)
+
+        self.total = duration(
+            _names(self.profile, "request_duration")[0], "Total time spent processing the request"
+        )
+        self.validation = duration(
+            "tgi_request_validation_duration", "Time spent validating the request"
+        )
+        self.queue = duration("tgi_request_queue_duration", "Time spent in the queue per request")
+        self.inference = duration("tgi_request_inference_duration", "Request inference duration")
+        self.per_token = duration(
+            "tgi_request_mean_time_per_token_duration", "Mean time per token per request"
+        )
+        input_buckets = [TGI_MAX_INPUT_TOKENS / 100 * (x + 1) for x in range(100)]
+        total_buckets = [TGI_MAX_TOTAL_TOKENS / 100 * (x + 1) for x in range(100)]
+        self.input_length = self.histogram(
+            _names(self.profile, "prompt_tokens")[0].removesuffix("_sum"),
+            "Input token length per request",
+            names,
+            input_buckets,
+        )
+        self.generated = self.histogram(
+            _names(self.profile, "generated_tokens")[0].removesuffix("_sum"),
+            "Generated tokens per request",
+            names,
+            total_buckets,
+        )
+        self.queue_size = self.gauge("tgi_queue_size", "Current queue size", names)
+        self.batch_size = self.gauge("tgi_batch_current_size", "Current batch size", names)
+        self.labels = labels
+        for gauge in (self.queue_size, self.batch_size):
+            (gauge.labels(**labels) if labels else gauge).set(0)
+        for name in (self.count_name, self.success_name):
+            self.counters.inc(name, 0.0, labels)
+
+    def record(self, request: Request, count: int) -> None:
+        """Every generate call is a tgi_request_count; failures are counted by kind."""
+        labels = self.labels
+        self.counters.inc(self.count_name, count, labels)
+        if not request.ok:
+            kind = self.FAILURE_KINDS.get(request.status)
+            if kind is None:
+                kind = "dropped" if request.status == ABORTED else "generation"
+            self.counters.inc(self.failure_name, count, {"err": kind, **labels})
+            return
+        self.counters.inc(self.success_name, count, labels)
+        for histogram, value in (
+            (self.total, request.latency),
+            (self.validation, 0.001),
+            (self.queue, min(0.01, request.latency)),
+            (self.inference, max(request.latency - 0.011, 0.0)),
+            (self.per_token, request.per_token),
+            (self.input_length, float(request.prompt_tokens)),
+            (self.generated, float(request.completion_tokens)),
+        ):
+            _observe(_child(histogram, labels), value, count)
+
+    def fix_text(self, text: str) -> str:
+        """TGI's counters keep their bare names in HELP and TYPE lines."""
+        return self.counters.fix_headers(text)
+
+
+class _Nim(_Engine):
+    """NVIDIA NIM for LLMs 1.x: unprefixed, per-model series at /v1/metrics."""
+
+    def setup(self) -> None:
+        """The engine's series."""
+        base = self.base_labels()
+        names = list(base)
+        failure = _names(self.profile, "errors")[0]
+        (success,) = (n for n in _names(self.profile, "requests") if n != failure)
+        self.e2e = self.histogram(
+            _names(self.profile, "request_duration")[0],
+            "Histogram of end to end request latency in seconds",
+            names,
+            VLLM_REQUEST_LATENCY_BUCKETS,
+        ).labels(**base)
+        self.ttft = self.histogram(
+            _names(self.profile, "time_to_first_token")[0],
+            "Histogram of time to first token in seconds",
+            names,
+            VLLM_TTFT_BUCKETS,
+        ).labels(**base)
+        self.tpot = self.histogram(
+            "time_per_output_token_seconds",
+            "Histogram of time per output token in seconds",
+            names,
+            VLLM_ITL_BUCKETS,
+        ).labels(**base)
+        self.success = self.counter(success, "Number of successful requests", names).labels(**base)
+        self.failure = self.counter(failure, "Number of failed requests", names).labels(**base)
+        finish = self.counter(
+            "request_finish", "Number of finished requests", [*names, "finished_reason"]
+        )
+        self.finished = {
+            reason: finish.labels(**base, finished_reason=reason)
+            for reason in ("stop", "length", "abort")
+        }
+        self.prompt_tokens = self.counter(
+            _names(self.profile, "prompt_tokens")[0], "Number of prefill tokens processed", names
+        ).labels(**base)
+        self.generation_tokens = self.counter(
+            _names(self.profile, "generated_tokens")[0],
+            "Number of generation tokens processed",
+            names,
+        ).labels(**base)
+        for gauge_name, doc, value in (
+            ("num_requests_running", "Number of requests currently running on GPU", 0.0),
+            ("num_requests_waiting", "Number of requests waiting to be processed", 0.0),
+            ("num_request_max", "Max number of requests that can be run concurrently", 256.0),
+            ("gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage", 0.05),
+        ):
+            self.gauge(gauge_name, doc, names).labels(**base).set(value)
+
+    def record(self, request: Request, count: int) -> None:
+        """Success is a finish by stop or length; any other finish is a failure."""
+        if 400 <= request.status < 500 and request.status != ABORTED:
+            return  # refused before it reached the model
+        _observe(self.e2e, request.latency, count)
+        if not request.ok:
+            self.failure.inc(count)
+            self.finished["abort"].inc(count)
+            return
+        self.success.inc(count)
+        self.finished["stop"].inc(count)
+        _observe(self.ttft, request.ttft, count)
+        _observe(self.tpot, request.per_token, count)
+        self.prompt_tokens.inc(request.prompt_tokens * count)
+        self.generation_tokens.inc(request.completion_tokens * count)
+
+
+class _OtelGenai(_Engine):
+    """An OpenTelemetry-instrumented OpenAI client (and server TTFT), as Prometheus stores them
+    after its OTLP translation: dots become underscores and the unit becomes a suffix."""
+
+    SCOPE = "opentelemetry.instrumentation.openai_v2"
+
+    def setup(self) -> None:
+        """The engine's series."""
+        model_label = self.model_label or "gen_ai_request_model"
+        self.common = {
+            "gen_ai_operation_name": "chat",
+            "gen_ai_provider_name": "openai",
+            model_label: self.model,
+            "gen_ai_response_model": self.model,
+            "server_address": "inference.internal",
+            "server_port": "8000",
+            "otel_scope_name": self.SCOPE,
+            **self.extra,
+        }
+        names = list(self.common)
+        self.duration = self.histogram(
+            _names(self.profile, "request_duration")[0],
+            "GenAI operation duration.",
+            [*names, "error_type"],
+            OTEL_DURATION_BUCKETS,
+        )
+        usage = _names(self.profile, "prompt_tokens")[0].removesuffix("_sum")
+        self.tokens = self.histogram(
+            usage,
+            "Number of input and output tokens used.",
+            [*names, "gen_ai_token_type"],
+            OTEL_TOKEN_BUCKETS,
+        )
+        self.ttft = self.histogram(
+            _names(self.profile, "time_to_first_token")[0],
+            "Time to generate first token for successful responses.",
+            names,
+            OTEL_SERVER_TTFT_BUCKETS,
+        ).labels(**self.common)
+        info = self.gauge(
+            "target_info",
+            "Target metadata",
+            ["service_name", "telemetry_sdk_language", "telemetry_sdk_name"],
+        )
+        info.labels(
+            service_name="chat-frontend",
+            telemetry_sdk_language="python",
+            telemetry_sdk_name="opentelemetry",
+        ).set(1)
+
+    def record(self, request: Request, count: int) -> None:
+        """Every operation has a duration; a failed one carries error.type (the status code)."""
+        error = "" if request.ok else str(request.status)
+        _observe(self.duration.labels(**self.common, error_type=error), request.latency, count)
+        if not request.ok:
+            return
+        for kind, tokens in (
+            ("input", request.prompt_tokens),
+            ("output", request.completion_tokens),
+        ):
+            _observe(self.tokens.labels(**self.common, gen_ai_token_type=kind), tokens, count)
+        _observe(self.ttft, request.ttft, count)
+
+
+_ENGINES: Mapping[str, type[_Engine]] = {
+    "vllm": _Vllm,
+    "sglang": _Sglang,
+    "tgi": _Tgi,
+    "nim": _Nim,
+    "otel-genai": _OtelGenai,
+}
+
+
+class EngineMetrics:
+    """One engine's exposition: record requests, render `/metrics`."""
+
+    def __init__(
+        self,
+        profile: str,
+        model: str = "chat",
+        extra_labels: Mapping[str, str] | None = None,
+        lora_adapters: Sequence[str] = (),
+    ) -> None:
+        if profile not in _ENGINES:
+            raise EngineProfileError(
+                f"no engine exposition for profile {profile!r}; allowed: {', '.join(_ENGINES)}"
+            )
+        self.profile = PROFILES[profile]
+        self.model = model
+        self.registry = CollectorRegistry()
+        self._engine = _ENGINES[profile](
+            self.profile, self.registry, model, dict(extra_labels or {}), lora_adapters
+        )
+        self._lock = threading.Lock()
+        self.observed = 0
+
+    def observe(
+        self,
+        latency_seconds: float,
+        *,
+        status: int = 200,
+        prompt_tokens: int = 120,
+        completion_tokens: int = 60,
+        ttft_seconds: float | None = None,
+        count: int = 1,
+    ) -> None:
+        """Record `count` identical requests (thousands at once are fine)."""
+        if count < 0 or latency_seconds < 0:
+            raise ValueError("count and latency_seconds must not be negative")
+        ttft = min(latency_seconds, 0.05) if ttft_seconds is None else ttft_seconds
+        request = Request(latency_seconds, status, prompt_tokens, completion_tokens, ttft)
+        with self._lock:
+            self._engine.record(request, count)
+            self.observed += count
+
+    def render(self) -> bytes:
+        """The text exposition (format 0.0.4), as the engine writes it."""
+        return self._engine.fix_text(generate_latest(self.registry).decode()).encode()
+
+
+class Exposition(Protocol):
+    """Anything with a text exposition."""
+
+    def render(self) -> bytes:
+        """The text exposition (format 0.0.4)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RegistryExposition:
+    """A prometheus-client registry as an `Exposition` (e.g. the exporter's collectors)."""
+
+    registry: CollectorRegistry
+
+    def render(self) -> bytes:
+        """The registry's text exposition."""
+        return generate_latest(self.registry)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _ExpositionHTTPServer
+
+    def do_GET(self) -> None:  # noqa: N802 -- http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path not in self.server.paths:
+            self.send_error(404)
+            return
+        body = self.server.exposition.render()
+        self.server.count_scrape()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        """Quiet: scrapes every second would flood the test output."""
+
+
+class _ExpositionHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], exposition: Exposition, paths: Sequence[str]
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.exposition = exposition
+        self.paths = frozenset(paths)
+        self.scrapes = 0
+        self._lock = threading.Lock()
+
+    def count_scrape(self) -> None:
+        with self._lock:
+            self.scrapes += 1
+
+
+class EngineMetricsServer:
+    """Serves an exposition on `/metrics` and `/v1/metrics` from a daemon thread."""
+
+    def __init__(
+        self,
+        exposition: Exposition,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        paths: Sequence[str] = ("/metrics", "/v1/metrics"),
+    ) -> None:
+        self._server = _ExpositionHTTPServer((host, port), exposition, paths)
+        self.host = host
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def target(self) -> str:
+        """`host:port`, as a Prometheus static target."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The metrics URL."""
+        return f"http://{self.target}/metrics"
+
+    @property
+    def scrapes(self) -> int:
+        """Expositions served so far."""
+        return self._server.scrapes
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> EngineMetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
