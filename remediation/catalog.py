@@ -3,9 +3,11 @@
 `build_registry(settings)` is the default factory: it registers the built-in playbooks
 (`semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay`, `reroute`,
 `spot_drain`),
-constructed from the settings sections `serving`, `rollback`, `vector_index` and `reroute`. A
-playbook whose section is not configured is still registered; its jobs fail with a message naming
-the setting to set. A deployment or a test names another factory with the `playbooks` setting
+constructed from the settings sections `serving`, `rollback`, `vector_index` and `reroute` (and
+the spec, for the reroute's restore limits). A playbook whose section is not configured is still
+registered; `redline remediation` refuses to start while an enabled one (mode act or shadow)
+reports a missing setting (`Playbook.settings_problems`), naming the field. A deployment or a
+test names another factory with the `playbooks` setting
 (`--playbooks`, `REDLINE_PLAYBOOKS`).
 """
 
@@ -25,6 +27,7 @@ from redline.remediation.playbooks import (
     SpotDrain,
 )
 from redline.remediation.settings import RemediationSettings
+from redline.slo.load import SpecError, apply_profile, load_spec
 
 RegistryFactory = Callable[[RemediationSettings], PlaybookRegistry]
 
@@ -34,13 +37,17 @@ def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
     state = f"{settings.key_prefix}:playbook"
     retention = settings.retention_seconds
     index = settings.vector_index
+    try:
+        spec = apply_profile(load_spec(settings.spec).spec, settings.profile)
+    except SpecError as exc:
+        raise RegistryError("playbooks: the spec: " + "; ".join(exc.problems)) from None
     return PlaybookRegistry(
         [
             SemanticRollback(settings.rollback, settings.serving, state, retention),
             FreezeWrites(index, settings.redis_url, state, retention),
             DeltaLogReplay(index, settings.redis_url, state, retention),
             FreezeAndReplay(index, settings.redis_url, state, retention),
-            Reroute(settings.reroute, settings.serving, settings.redis_url),
+            Reroute(settings.reroute, settings.serving, settings.redis_url, spec),
             SpotDrain(
                 settings.playbook_options.get("spot_drain", {}),
                 settings.serving,

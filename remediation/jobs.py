@@ -9,10 +9,14 @@ may touch them together):
 | `{p}:job:<id>` | hash | the job record (`Job` fields; JSON for alert, plan, result) |
 | `{p}:job:<id>:steps` | list | JSON step records, in order |
 | `{p}:jobs` | stream | one entry `job=<id>` per runnable job; consumer group `workers` |
-| `{p}:delayed` | zset | job ids waiting for a retry or a busy target, by due time (ms) |
+| `{p}:delayed` | zset | job ids due again (retry, busy target, deferred step), by due time (ms) |
 | `{p}:index` | zset | every job id by creation time (ms), for `GET /jobs` |
+| `{p}:active` | zset | unfinished job ids by creation time (ms): overdue and oldest-age gauges |
 | `{p}:lock:<target>` | string | `<job id>|<worker token>`, with an expiry renewed while running |
 | `{p}:metrics` | hash | remediation run counters and duration histogram, shared by workers |
+| `{p}:paused` | hash | playbook (or `*`: all) -> JSON {by, reason, at} while paused by a human |
+| `{p}:breaker` | hash | `failures|<playbook>`: failed runs in a row; `open|<playbook>`: JSON |
+| `{p}:budget:<playbook>:<target>` | zset | job ids admitted to act on the target, by time (ms) |
 
 Enqueue is one Lua script per alert: `SET NX` of the idempotency key, `HSET` of the job, `XADD`
 to the stream and `ZADD` to the index happen together or not at all, before the receiver
@@ -42,8 +46,11 @@ from pydantic import BaseModel, Field
 
 from redline.remediation.models import Alert, WebhookPayload, idempotency_key
 
-JobStatus = Literal["queued", "running", "retrying", "succeeded", "failed", "planned"]
-TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "planned"})
+JobStatus = Literal[
+    "queued", "running", "retrying", "waiting", "succeeded", "failed", "planned", "shadowed",
+    "skipped",
+]  # fmt: skip
+TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "planned", "shadowed", "skipped"})
 GROUP = "workers"
 
 _ENQUEUE_LUA = """
@@ -62,6 +69,7 @@ end
 redis.call('HSET', KEYS[2], unpack(flat))
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[1])
 redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
 return {1, ARGV[1]}
 """
@@ -100,14 +108,18 @@ return 1
 """
 
 # Settle a job only while this consumer owns its entry: a worker that stalled past the claim
-# time must not overwrite the outcome of the worker that took the job over.
+# time must not overwrite the outcome of the worker that took the job over. The run counters and
+# the playbook's breaker change in the same script, so a settle lost to a Redis outage leaves
+# no trace (the job stays pending and runs again), and one that happened is counted once.
+# Returns 0 (not ours: nothing written), 1 (settled) or 2 (settled, and the breaker opened).
 _SETTLE_LUA = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #pending == 0 or pending[1][2] ~= ARGV[3] then return 0 end
-if #ARGV >= 12 then redis.call('HSET', KEYS[2], unpack(ARGV, 12)) end
+if #ARGV >= 15 then redis.call('HSET', KEYS[2], unpack(ARGV, 15)) end
 if ARGV[4] == 'finish' then
   redis.call('EXPIRE', KEYS[2], ARGV[5])
   redis.call('EXPIRE', KEYS[3], ARGV[5])
+  redis.call('ZREM', KEYS[6], ARGV[6])
 elseif ARGV[4] == 'defer' then
   redis.call('ZADD', KEYS[4], ARGV[7], ARGV[6])
 end
@@ -115,11 +127,22 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 if ARGV[8] ~= '' then
   redis.call('HINCRBY', KEYS[5], 'runs|' .. ARGV[8] .. '|' .. ARGV[9], 1)
-  redis.call('HINCRBY', KEYS[5], 'bucket|' .. ARGV[8] .. '|' .. ARGV[10], 1)
-  redis.call('HINCRBYFLOAT', KEYS[5], 'sum|' .. ARGV[8], ARGV[11])
-  redis.call('HINCRBY', KEYS[5], 'count|' .. ARGV[8], 1)
+  if ARGV[10] ~= '' then
+    redis.call('HINCRBY', KEYS[5], 'bucket|' .. ARGV[8] .. '|' .. ARGV[10], 1)
+    redis.call('HINCRBYFLOAT', KEYS[5], 'sum|' .. ARGV[8], ARGV[11])
+    redis.call('HINCRBY', KEYS[5], 'count|' .. ARGV[8], 1)
+  end
 end
-return 1
+local result = 1
+if ARGV[12] == 'fail' then
+  local failures = redis.call('HINCRBY', KEYS[7], 'failures|' .. ARGV[8], 1)
+  if failures >= tonumber(ARGV[13]) then
+    if redis.call('HSETNX', KEYS[7], 'open|' .. ARGV[8], ARGV[14]) == 1 then result = 2 end
+  end
+elseif ARGV[12] == 'ok' then
+  redis.call('HSET', KEYS[7], 'failures|' .. ARGV[8], 0)
+end
+return result
 """
 
 _RELEASE_LUA = """
@@ -179,6 +202,25 @@ class StoreKeys:
         """Run metrics shared by workers."""
         return self._k("metrics")
 
+    @property
+    def active(self) -> str:
+        """Unfinished jobs by creation time."""
+        return self._k("active")
+
+    @property
+    def paused(self) -> str:
+        """Paused playbooks."""
+        return self._k("paused")
+
+    @property
+    def breaker(self) -> str:
+        """Breaker state of every playbook."""
+        return self._k("breaker")
+
+    def budget(self, playbook: str, target: str) -> str:
+        """Runs admitted on one target by one playbook."""
+        return self._k(f"budget:{playbook}:{target}")
+
 
 class Job(BaseModel):
     """A job as `/jobs` shows it."""
@@ -186,8 +228,13 @@ class Job(BaseModel):
     id: str = Field(description="Job id (derived from the idempotency key).")
     key: str = Field(description="Idempotency key: SHA-256 of fingerprint|startsAt|status.")
     playbook: str = Field(description="Playbook named by the alert.")
-    status: JobStatus = Field(description="queued, running, retrying, succeeded, failed, planned.")
+    status: JobStatus = Field(
+        description="queued, running, retrying, waiting (a deferred step); finished: succeeded, "
+        "failed, planned (dry run), shadowed (shadow mode), skipped (off, paused, over budget, "
+        "breaker open)."
+    )
     dry_run: bool = Field(description="Plan only; nothing is changed.")
+    mode: str | None = Field(None, description="The playbook's mode when the job ran.")
     attempts: int = Field(description="Attempts started so far.")
     target: str | None = Field(None, description="What the playbook acts on (lock key).")
     alert: dict[str, Any] = Field(description="The alert, as received.")
@@ -196,11 +243,26 @@ class Job(BaseModel):
     created_at: str = Field(description="When the job was accepted (UTC, ISO 8601).")
     updated_at: str = Field(description="Last change.")
     finished_at: str | None = Field(None, description="When the job ended.")
-    outcome: str | None = Field(None, description="succeeded, failed or dry_run once finished.")
+    outcome: str | None = Field(
+        None,
+        description="succeeded, failed, dry_run, shadow, off, paused, over_budget or "
+        "breaker_open once finished.",
+    )
     error: str | None = Field(None, description="Why the job failed or is being retried.")
+    reason: str | None = Field(
+        None, description="Why the job was skipped, or what its deferred step waits for."
+    )
     waiting_for: str | None = Field(None, description="Job holding the target, or the firing job.")
-    next_attempt_at: str | None = Field(None, description="When a retrying job runs again.")
+    next_attempt_at: str | None = Field(
+        None, description="When a retrying or waiting job runs again."
+    )
     plan: list[dict[str, Any]] | None = Field(None, description="The planned steps.")
+    cursor: int | None = Field(
+        None, description="Index in the plan of the step a waiting job runs next."
+    )
+    step_state: dict[str, Any] | None = Field(
+        None, description="What the deferred step handed itself for its next run."
+    )
     steps: list[dict[str, Any]] = Field(default_factory=list, description="Recorded steps.")
 
 
@@ -221,6 +283,29 @@ class Entry:
 
     entry_id: str
     job_id: str
+
+
+@dataclass(frozen=True)
+class RunCount:
+    """What a settle adds to the run metrics: the outcome, and the duration unless None."""
+
+    playbook: str
+    outcome: str
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class BreakerUpdate:
+    """How a settle changes the playbook's breaker: a failed run (it opens once `threshold`
+    failed in a row, storing `record`) or a successful one (the count starts again)."""
+
+    failed: bool
+    threshold: int = 1
+    record: str = ""
+
+
+SETTLED_BREAKER_OPENED = 2
+"""`JobStore.finish` answer: settled, and this failure opened the playbook's breaker."""
 
 
 def now_iso() -> str:
@@ -263,12 +348,16 @@ def build_job(fields: Mapping[str, str], steps: Sequence[str] = ()) -> Job:
             receiver=fields.get("receiver", ""),
             created_at=fields["created_at"],
             updated_at=fields.get("updated_at", fields["created_at"]),
+            mode=fields.get("mode") or None,
             finished_at=fields.get("finished_at") or None,
             outcome=fields.get("outcome") or None,
             error=fields.get("error") or None,
+            reason=fields.get("reason") or None,
             waiting_for=fields.get("waiting_for") or None,
             next_attempt_at=fields.get("next_attempt_at") or None,
             plan=json.loads(fields["plan"]) if fields.get("plan") else None,
+            cursor=int(fields["cursor"]) if fields.get("cursor") else None,
+            step_state=json.loads(fields["step_state"]) if fields.get("step_state") else None,
             steps=[json.loads(step) for step in steps],
         )
     except (KeyError, ValueError) as exc:
@@ -384,15 +473,19 @@ class JobStore:
         """Release the target lock if this job still holds it."""
         self._release(keys=[self.keys.lock(target)], args=[lock_value])
 
-    def start_attempt(self, job_id: str, target: str | None, consumer: str) -> int:
-        """Mark the job running and count the attempt; returns the attempt number."""
+    def start_attempt(
+        self, job_id: str, target: str | None, consumer: str, mode: str = "act", count: bool = True
+    ) -> int:
+        """Mark the job running and count the attempt (not when `count` is False: a waiting job
+        resumed); returns the attempt number."""
         stamp = now_iso()
         with self.client.pipeline(transaction=True) as pipe:
-            pipe.hincrby(self.keys.job(job_id), "attempts", 1)
+            pipe.hincrby(self.keys.job(job_id), "attempts", 1 if count else 0)
             pipe.hset(
                 self.keys.job(job_id),
                 mapping={
                     "status": "running",
+                    "mode": mode,
                     "target": target or "",
                     "worker": consumer,
                     "updated_at": stamp,
@@ -401,7 +494,7 @@ class JobStore:
                 },
             )
             attempts, _ = pipe.execute()
-        return int(attempts)
+        return max(int(attempts), 1)
 
     def add_step(self, job_id: str, step: Mapping[str, Any]) -> None:
         """Append a step record to the job."""
@@ -418,15 +511,18 @@ class JobStore:
         consumer: str,
         status: JobStatus,
         fields: Mapping[str, str],
-        run: tuple[str, str, float] | None = None,
-    ) -> bool:
-        """Record the final state, take the entry off the stream and count the run, atomically.
+        run: RunCount | None = None,
+        breaker: BreakerUpdate | None = None,
+    ) -> int:
+        """Record the final state, take the entry off the stream, count the run and update the
+        playbook's breaker, atomically.
 
-        False (and nothing written) when `consumer` no longer owns the entry.
+        0 (and nothing written) when `consumer` no longer owns the entry, 1 when settled,
+        `SETTLED_BREAKER_OPENED` when settled and this failure opened the breaker.
         """
         stamp = now_iso()
         mapping = {**fields, "status": status, "updated_at": stamp, "finished_at": stamp}
-        return self._settle(entry, consumer, "finish", mapping, 0, run)
+        return self._settle(entry, consumer, "finish", mapping, 0, run, breaker)
 
     def defer(
         self,
@@ -434,17 +530,17 @@ class JobStore:
         consumer: str,
         delay_seconds: float,
         fields: Mapping[str, str],
-        run: tuple[str, str, float] | None = None,
+        run: RunCount | None = None,
     ) -> bool:
         """Park the job in `delayed` for `delay_seconds` and take its entry off, atomically."""
         due_ms = int((time.time() + delay_seconds) * 1000)
         due = datetime.fromtimestamp(due_ms / 1000, UTC).isoformat(timespec="milliseconds")
         mapping = {**fields, "updated_at": now_iso(), "next_attempt_at": due}
-        return self._settle(entry, consumer, "defer", mapping, due_ms, run)
+        return self._settle(entry, consumer, "defer", mapping, due_ms, run, None) > 0
 
     def drop_entry(self, entry: Entry, consumer: str) -> bool:
         """Acknowledge and delete a stream entry that has nothing left to run."""
-        return self._settle(entry, consumer, "drop", {}, 0, None)
+        return self._settle(entry, consumer, "drop", {}, 0, None, None) > 0
 
     def _settle(
         self,
@@ -453,21 +549,26 @@ class JobStore:
         mode: str,
         fields: Mapping[str, str],
         due_ms: int,
-        run: tuple[str, str, float] | None,
-    ) -> bool:
-        playbook, outcome, seconds = run if run is not None else ("", "", 0.0)
+        run: RunCount | None,
+        breaker: BreakerUpdate | None,
+    ) -> int:
+        playbook, outcome = (run.playbook, run.outcome) if run is not None else ("", "")
+        seconds = run.seconds if run is not None else None
+        bucket = "" if seconds is None else bucket_index(seconds)
+        change = "" if breaker is None else "fail" if breaker.failed else "ok"
         args: list[str | int | float] = [
             GROUP, entry.entry_id, consumer, mode, self.retention_seconds, entry.job_id, due_ms,
-            playbook, outcome, bucket_index(seconds), repr(float(seconds)),
+            playbook, outcome, bucket, repr(float(seconds or 0.0)),
+            change, breaker.threshold if breaker else 1, breaker.record if breaker else "",
         ]  # fmt: skip
         args.extend(item for pair in fields.items() for item in pair)
         job_id = entry.job_id or "-"
         reply = self._settle_script(
             keys=[self.keys.stream, self.keys.job(job_id), self.keys.steps(job_id),
-                  self.keys.delayed, self.keys.metrics],
+                  self.keys.delayed, self.keys.metrics, self.keys.active, self.keys.breaker],
             args=args,
         )  # fmt: skip
-        return int(reply) == 1
+        return int(reply)
 
 
 _PendingIngest = tuple[WebhookPayload, bool, "asyncio.Future[list[IngestOutcome]]"]
@@ -563,7 +664,7 @@ class AsyncJobStore:
                 )
             await self._enqueue(
                 keys=[self.keys.idem(key), self.keys.job(job_id or "-"), self.keys.stream,
-                      self.keys.index],
+                      self.keys.index, self.keys.active],
                 args=[job_id, ttl, now_ms, ttl * 1000, fields],
                 client=pipe,
             )  # fmt: skip

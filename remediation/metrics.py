@@ -1,16 +1,18 @@
 """The receiver's `/metrics`: webhook counters (this process) and run metrics (all workers).
 
 Workers may run in other processes, so run counters and the duration histogram live in Redis
-(`JobStore._count_run`) and are read back at scrape time; every replica of the receiver shows
-the same cluster-wide values (aggregate them with `max`, not `sum`). Families are built by a
-collector on a registry of the app's own, so no `_created` series and no global registry.
+(counted by the job store's settle script) and are read back at scrape time, as are the guard
+rails (breakers, pauses) and the unfinished jobs (overdue and oldest-age gauges); every replica
+of the receiver shows the same cluster-wide values (aggregate them with `max`, not `sum`).
+Families are built by a collector on a registry of the app's own, so no `_created` series and no
+global registry.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -24,6 +26,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from redline.remediation.audit import VerifyResult
+from redline.remediation.guards import ALL, GuardSnapshot, Policies
 from redline.remediation.jobs import DURATION_BUCKETS
 from redline.slo import catalog
 
@@ -61,10 +64,19 @@ def _gauge(metric: catalog.Metric, value: float | None = None) -> GaugeMetricFam
     return GaugeMetricFamily(metric.family, metric.help, value=value)
 
 
+ALERTED_OUTCOMES = ("succeeded", "failed", "shadow", "over_budget", "breaker_open")
+"""Run outcomes exposed (at 0) before the first run of a playbook: an alert on
+`increase(...)` then sees the first failure too, not only the second."""
+
+
 def build_families(
-    alerts: Mapping[str, int], duplicates: int, runs: Mapping[str, str] | None
+    alerts: Mapping[str, int],
+    duplicates: int,
+    runs: Mapping[str, str] | None,
+    playbooks: Sequence[str] = (),
 ) -> list[Metric]:
-    """Metric families from the webhook counters and the raw run-metrics hash (None: unknown)."""
+    """Metric families from the webhook counters and the raw run-metrics hash (None: unknown);
+    `playbooks` get their `ALERTED_OUTCOMES` series even before their first run."""
     alerts_family = _counter(catalog.REDLINE_WEBHOOK_ALERTS_TOTAL)
     for status in sorted({"firing", "resolved", *alerts}):
         alerts_family.add_metric([status], alerts.get(status, 0))
@@ -73,19 +85,22 @@ def build_families(
     if runs is None:
         return families
     runs_family = _counter(catalog.REDLINE_REMEDIATION_RUNS_TOTAL)
+    counted = {(playbook, outcome): 0.0 for playbook in playbooks for outcome in ALERTED_OUTCOMES}
     buckets: dict[str, list[int]] = {}
     sums: dict[str, float] = {}
     for name, raw in sorted(runs.items()):
         kind, _, rest = name.partition("|")
         if kind == "runs":
             playbook, _, outcome = rest.partition("|")
-            runs_family.add_metric([playbook, outcome], float(raw))
+            counted[playbook, outcome] = float(raw)
         elif kind == "bucket":
             playbook, _, index = rest.partition("|")
             counts = buckets.setdefault(playbook, [0] * (len(DURATION_BUCKETS) + 1))
             counts[int(index)] += int(raw)
         elif kind == "sum":
             sums[rest] = float(raw)
+    for (playbook, outcome), value in sorted(counted.items()):
+        runs_family.add_metric([playbook, outcome], value)
     duration = catalog.REDLINE_REMEDIATION_DURATION_SECONDS
     duration_family = HistogramMetricFamily(
         duration.family, duration.help, labels=list(duration.labels)
@@ -100,6 +115,55 @@ def build_families(
             series.append((bound, float(cumulative)))
         duration_family.add_metric([playbook], series, sums.get(playbook, 0.0))
     return [*families, runs_family, duration_family]
+
+
+@dataclass(frozen=True)
+class JobAges:
+    """Unfinished jobs of one playbook: how many are past the deadline, the oldest one's age."""
+
+    overdue: int = 0
+    oldest_seconds: float = 0.0
+
+
+def build_job_ages(
+    active: Iterable[tuple[str, float]], policies: Policies, now: float
+) -> dict[str, JobAges]:
+    """Per playbook, from (playbook, created at) of the unfinished jobs."""
+    ages: dict[str, JobAges] = {}
+    for playbook, created in active:
+        age = max(now - created, 0.0)
+        late = age > policies.get(playbook).deadline_seconds
+        last = ages.get(playbook, JobAges())
+        ages[playbook] = JobAges(last.overdue + int(late), max(last.oldest_seconds, age))
+    return ages
+
+
+def build_guard_families(
+    playbooks: Sequence[str],
+    policies: Policies,
+    guards: GuardSnapshot,
+    ages: Mapping[str, JobAges],
+) -> list[Metric]:
+    """Breaker, pause, mode, overdue and oldest-age gauges of every known playbook (and of any
+    playbook the state names)."""
+    names = sorted(
+        {*playbooks, *guards.breakers_open, *guards.failures, *guards.paused, *ages} - {"", ALL}
+    )
+    breaker = _gauge(catalog.REDLINE_REMEDIATION_BREAKER_OPEN)
+    paused = _gauge(catalog.REDLINE_REMEDIATION_PAUSED)
+    mode = _gauge(catalog.REDLINE_REMEDIATION_MODE)
+    overdue = _gauge(catalog.REDLINE_REMEDIATION_JOBS_OVERDUE)
+    oldest = _gauge(catalog.REDLINE_REMEDIATION_OLDEST_JOB_AGE_SECONDS)
+    for name in names:
+        breaker.add_metric([name], 1.0 if name in guards.breakers_open else 0.0)
+        paused.add_metric([name], 1.0 if guards.is_paused(name) else 0.0)
+        current = policies.get(name).mode
+        for value in ("act", "shadow", "off"):
+            mode.add_metric([name, value], 1.0 if value == current else 0.0)
+        age = ages.get(name, JobAges())
+        overdue.add_metric([name], float(age.overdue))
+        oldest.add_metric([name], round(age.oldest_seconds, 3))
+    return [breaker, paused, mode, overdue, oldest]
 
 
 @dataclass(frozen=True)

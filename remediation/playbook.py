@@ -7,8 +7,11 @@ Subclass `Playbook`, set `name` (the alert's `playbook` label selects it) and `t
 
 - `plan(ctx) -> Sequence[PlannedStep]`: read state, decide the steps, change nothing. In dry-run
   mode the worker stops here and the plan is the job's result.
-- `execute(ctx, step) -> StepResult`: carry out one planned step.
+- `execute(ctx, step) -> StepResult | Deferred`: carry out one planned step.
 - `verify(ctx) -> StepResult`: check the effect once every step has run.
+- optionally `settings_problems()`: what is missing from the settings for the playbook to work,
+  each naming the field. The receiver and worker refuse to start while an enabled playbook
+  (mode `act` or `shadow`) reports one, instead of failing at the first alert.
 - optionally `plan_resolve(ctx)` / `resolve(ctx, step)`: the steps run when the alert resolves
   (default: none). `ctx.firing_job` is the firing job's final record (e.g. unfreeze only if its
   replay was verified).
@@ -26,6 +29,16 @@ Rules every step follows:
   lock or the job was taken over (this worker stalled past the claim time), so the step stops.
 - `ctx.record(name, detail, **data)` adds a sub-step record (a replayed batch, a probe result) to
   the job and the audit trail; the worker already records plan, each step, verify and resolve.
+- A step that must wait (a hold-down, a region that has to stay healthy for a while) returns
+  `Deferred(seconds, reason, state)` instead of sleeping: the worker records the progress, parks
+  the job on the delayed queue (status `waiting`, no worker and no target lock held meanwhile) and
+  any worker runs the same step again when it is due, with `ctx.state` = the `state` it returned.
+  The plan is not remade; the steps before it are not run again. Waiting does not count as an
+  attempt.
+- A step that only reads (a probe, a check) is planned with `read_only=True`. In shadow mode the
+  worker runs the plan's read-only steps and records every other step as what it would have done
+  (`ctx.shadow` is True); verify and the steps that change something are not run. A read-only
+  step that defers in a shadow run is recorded as the wait it would take; the run goes on.
 
 Registering
 -----------
@@ -70,15 +83,56 @@ class RegistryError(Exception):
 
 @dataclass(frozen=True)
 class PlannedStep:
-    """One step of a plan: a name, what it will do, and its parameters (JSON-serializable)."""
+    """One step of a plan: a name, what it will do, its parameters (JSON-serializable), and
+    whether it only reads (`read_only`: run in shadow mode too)."""
 
     name: str
     description: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    read_only: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form, for the job record and the audit trail."""
-        return {"name": self.name, "description": self.description, "params": dict(self.params)}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "params": dict(self.params),
+            "read_only": self.read_only,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlannedStep:
+        """The step a recorded plan holds (`as_dict` form); PlaybookError when malformed."""
+        try:
+            params = data.get("params") or {}
+            if not isinstance(params, Mapping):
+                raise TypeError("params is not a mapping")
+            return cls(
+                str(data["name"]),
+                str(data.get("description", "")),
+                dict(params),
+                bool(data.get("read_only", False)),
+            )
+        except (KeyError, TypeError) as exc:
+            raise PlaybookError(f"recorded plan step {data!r} is malformed: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A step's answer "not yet": run this step again in `seconds`, handing it `state` back.
+
+    `record=False` updates the job's waiting reason without adding a step record (a step that
+    re-checks every few seconds records only when what it sees changes).
+    """
+
+    seconds: float
+    reason: str
+    state: Mapping[str, Any] = field(default_factory=dict)
+    record: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.seconds >= 0:
+            raise ValueError(f"Deferred.seconds must be >= 0, not {self.seconds!r}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +169,8 @@ class PlaybookContext:
     log: logging.Logger
     recorder: Callable[[str, str, Mapping[str, Any]], None]
     lease_check: Callable[[], None]
+    state: Mapping[str, Any] = field(default_factory=dict)
+    shadow: bool = False
 
     @property
     def resolved(self) -> bool:
@@ -161,8 +217,8 @@ class Playbook(ABC):
         """The steps a firing alert calls for; reads state, changes nothing."""
 
     @abstractmethod
-    def execute(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult:
-        """Carry out one planned step, idempotently."""
+    def execute(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult | Deferred:
+        """Carry out one planned step, idempotently (or ask to run it again later)."""
 
     @abstractmethod
     def verify(self, ctx: PlaybookContext) -> StepResult:
@@ -172,9 +228,14 @@ class Playbook(ABC):
         """The steps the alert's resolution calls for (default: none)."""
         return ()
 
-    def resolve(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult:
-        """Carry out one resolve step, idempotently."""
+    def resolve(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult | Deferred:
+        """Carry out one resolve step, idempotently (or ask to run it again later)."""
         return StepResult.failure(f"playbook {self.name} planned {step.name} but has no resolve")
+
+    def settings_problems(self) -> Sequence[str]:
+        """What the settings lack for this playbook to work, each naming the field (default:
+        nothing). Checked at start-up for every enabled playbook."""
+        return ()
 
 
 class PlaybookRegistry:

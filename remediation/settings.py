@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.index import IndexTargetsFields
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
+from redline.slo.spec import PlaybookPolicy
 
 DEFAULT_PORT = 9095
 DEFAULT_REGISTRY = "redline.remediation.catalog:build_registry"
@@ -129,7 +130,13 @@ class VectorIndexSettings(_Section):
 
 
 class RerouteSettings(_Section):
-    """`reroute`: the routing store the gateway reads, verification and hold-down timings."""
+    """`reroute`: the routing store the gateway reads, verification, hold-down and restore.
+
+    The routing is restored when the region is healthy by the red line (the spec's
+    `red_lines.latency_p99.threshold_seconds` x `restore.below_ratio`, without a break for
+    `restore.for_seconds`): measured by this playbook's own dry-run probes of the region and,
+    with `prometheus_url`, by the exporter's probe durations and the recorded P99 of the region.
+    """
 
     redis_url: str | None = Field(
         None, description="Redis of the routing store (None: the receiver's redis_url)."
@@ -139,7 +146,16 @@ class RerouteSettings(_Section):
         300.0, ge=0, description="Wait after the alert resolved before restoring the routing."
     )
     healthy_checks: int = Field(
-        3, ge=1, description="Consecutive healthy probes the region needs before it is restored."
+        3, ge=1, description="Dry-run probes of the region per check; all must be fast."
+    )
+    restore_check_seconds: float = Field(
+        10.0, gt=0, description="Interval of the checks while the job waits to restore."
+    )
+    restore_for_seconds: float | None = Field(
+        None, ge=0, description="Override of the spec's restore.for_seconds (drills)."
+    )
+    prometheus_url: str | None = Field(
+        None, description="Prometheus with the exporter's probes and the recorded P99 (optional)."
     )
     verify_timeout_seconds: float = Field(
         10.0, gt=0, description="Longest wait for the gateway to serve from the new region."
@@ -149,6 +165,11 @@ class RerouteSettings(_Section):
         None, gt=0, description="The override lapses by itself after this (None: until cleared)."
     )
 
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus(cls, value: str | None) -> str | None:
+        return None if value is None else _check_url(value, "prometheus_url")
+
 
 class RemediationSettings(ServiceSettings):
     """Receiver, job store, worker and audit-trail settings."""
@@ -157,6 +178,10 @@ class RemediationSettings(ServiceSettings):
         None, description="Bearer token Alertmanager sends (env REDLINE_WEBHOOK_TOKEN)."
     )
     token_file: Path | None = Field(None, description="File holding the bearer token.")
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve every endpoint without a token (logged as a warning; tests only).",
+    )
     max_body_bytes: int = Field(
         1 << 20, ge=1024, description="Largest accepted request body; larger gets 413."
     )
@@ -170,6 +195,11 @@ class RemediationSettings(ServiceSettings):
     )
     playbook_options: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per-playbook options, keyed by playbook name."
+    )
+    policies: dict[str, PlaybookPolicy] = Field(
+        default_factory=dict,
+        description="Per-playbook mode/budget/breaker/deadline; replaces the spec's "
+        "remediation.playbooks entry of the same name.",
     )
     audit_file: Path | None = Field(None, description="JSONL mirror of the audit trail.")
     audit_verify_interval_seconds: float = Field(

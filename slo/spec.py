@@ -58,6 +58,20 @@ Duration = Annotated[str, Field(pattern=_DURATION.pattern, description="e.g. 5m,
 MetricName = Annotated[str, Field(pattern=_METRIC_NAME.pattern)]
 
 
+class RestorePolicy(_Model):
+    """When a rerouted region gets its traffic back: healthy by the red line, with hysteresis."""
+
+    below_ratio: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="The region's measured latency must stay under this x threshold_seconds...",
+    )
+    for_seconds: float = Field(
+        120, ge=0, description="...without a break for this long before the routing is restored."
+    )
+
+
 class LatencyRedLine(_Model):
     """End-to-end P99 latency measured at the gateway, including cross-region reroutes."""
 
@@ -69,6 +83,9 @@ class LatencyRedLine(_Model):
     )
     for_seconds: int = Field(60, ge=0, description="How long the breach must last before firing.")
     playbook: PlaybookName | None = Field("reroute", description="Playbook run on a breach.")
+    restore: RestorePolicy = Field(
+        default_factory=RestorePolicy, description="When the reroute hands the traffic back."
+    )
 
 
 class ContextKeepaliveRedLine(_Model):
@@ -445,6 +462,55 @@ class Spot(_Model):
         return self
 
 
+PlaybookMode = Literal["act", "shadow", "off"]
+"""act: run the playbook; shadow: plan and run its read-only checks, change nothing; off: skip."""
+
+
+class PlaybookBudget(_Model):
+    """At most `runs` firing runs of a playbook per target within any `per` window."""
+
+    runs: PositiveInt = Field(description="Runs allowed per target in the window.")
+    per: Duration = Field("1h", description="The sliding window.")
+
+    @property
+    def per_seconds(self) -> float:
+        """The window in seconds."""
+        return parse_duration(self.per)
+
+
+class PlaybookBreaker(_Model):
+    """Stop acting after `failures` consecutive failed runs, until a human resumes the playbook."""
+
+    failures: PositiveInt = Field(3, description="Consecutive failed runs that open the breaker.")
+
+
+class PlaybookPolicy(_Model):
+    """How the remediation worker treats one playbook's jobs."""
+
+    mode: PlaybookMode = Field("act", description="act, shadow (plan and check only) or off.")
+    budget: PlaybookBudget | None = Field(None, description="Runs per target per window.")
+    breaker: PlaybookBreaker = Field(default_factory=PlaybookBreaker)
+    deadline: Duration = Field(
+        "15m", description="A job not finished this long after it was accepted is overdue."
+    )
+
+    @property
+    def deadline_seconds(self) -> float:
+        """The deadline in seconds."""
+        return parse_duration(self.deadline)
+
+
+class Remediation(_Model):
+    """Guard rails of the remediation worker, per playbook (unlisted playbooks: defaults)."""
+
+    playbooks: dict[PlaybookName, PlaybookPolicy] = Field(default_factory=dict)
+
+    def policy(self, name: str) -> PlaybookPolicy:
+        """The policy of playbook `name` (the defaults when the spec lists none)."""
+        found = {str(key): policy for key, policy in self.playbooks.items()}
+        return found.get(name) or PlaybookPolicy()
+
+
 class Receiver(_Model):
     """Where Alertmanager sends alerts for remediation."""
 
@@ -477,6 +543,9 @@ class Spec(_Model):
     )
     receiver: Receiver = Field(default_factory=Receiver)
     spot: Spot = Field(default_factory=Spot, description="Spot GPU preemption handling.")
+    remediation: Remediation = Field(
+        default_factory=Remediation, description="Per-playbook mode, budget, breaker, deadline."
+    )
 
     @field_validator("regions")
     @classmethod

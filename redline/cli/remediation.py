@@ -1,13 +1,17 @@
-"""`redline remediation` (receiver + workers), `redline remediation worker`, `redline audit verify`.
+"""`redline remediation` (receiver + workers), `redline remediation worker`, `redline remediation
+pause|resume|status`, `redline audit verify`.
 
 Thin: parses options, loads settings (flags > `REDLINE_*` env > `--config` file > defaults) and
-calls `redline.remediation`. Secrets come from `--token-file` or `REDLINE_WEBHOOK_TOKEN`.
+calls `redline.remediation`. Secrets come from `--token-file` or `REDLINE_WEBHOOK_TOKEN`. The
+receiver (with workers) and the worker refuse to start while an enabled playbook lacks a setting.
 """
 
 from __future__ import annotations
 
+import getpass
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 from types import FrameType
@@ -30,6 +34,7 @@ from redline.remediation.audit import (
     verify_records,
 )
 from redline.remediation.catalog import load_registry
+from redline.remediation.guards import GuardStore, Policies, check_startup, load_policies
 from redline.remediation.playbook import PlaybookRegistry, RegistryError
 from redline.remediation.settings import DEFAULT_PORT, RemediationSettings
 from redline.remediation.worker import start_workers
@@ -87,6 +92,20 @@ def _registry(settings: RemediationSettings) -> PlaybookRegistry:
     try:
         return load_registry(settings.playbooks, settings)
     except RegistryError as exc:
+        raise fail(str(exc)) from None
+
+
+def _policies(settings: RemediationSettings) -> Policies:
+    try:
+        return load_policies(settings.spec, settings.profile, settings.policies)
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+
+
+def _check_startup(registry: PlaybookRegistry, policies: Policies) -> None:
+    try:
+        check_startup(registry, policies)
+    except SettingsError as exc:
         raise fail(str(exc)) from None
 
 
@@ -157,21 +176,29 @@ def serve(
     _logging(settings.log_level)
     registry = _registry(settings)
     _check_spec(settings, registry)
+    policies = _policies(settings)
     try:
-        app = build_receiver_app(settings)
+        token = None if settings.allow_unauthenticated else settings.resolve_token()
     except SettingsError as exc:
         raise fail(str(exc)) from None
+    if settings.workers > 0:
+        # A receiver without workers runs no playbook: its worker processes check theirs.
+        _check_startup(registry, policies)
+    app = build_receiver_app(settings, token=token, policies=policies, playbooks=registry.names())
     stop = threading.Event()
     # uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown; with these handlers in
     # place that ends here (workers stopped and joined) instead of killing the process.
     _on_signals(stop)
-    threads = start_workers(settings, registry, settings.workers, stop)
+    threads = start_workers(settings, registry, settings.workers, stop, policies)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
             host=settings.host,
             port=settings.port or DEFAULT_PORT,
             log_level=settings.log_level.lower(),
+            # Above info the access lines are dropped anyway; not building them saves the hot
+            # path a little at thousands of deliveries a second.
+            access_log=settings.log_level.lower() in ("trace", "debug", "info"),
             lifespan="on",
         )
     )
@@ -197,12 +224,139 @@ def worker(
     )
     _logging(settings.log_level)
     registry = _registry(settings)
+    policies = _policies(settings)
+    _check_startup(registry, policies)
     stop = threading.Event()
     _on_signals(stop)
-    threads = start_workers(settings, registry, max(settings.workers, 1), stop)
+    threads = start_workers(settings, registry, max(settings.workers, 1), stop, policies)
     while any(thread.is_alive() for thread in threads):
         for thread in threads:
             thread.join(timeout=0.2)
+
+
+PlaybookArg = Annotated[
+    str | None, typer.Argument(help="The playbook (default: every playbook).", show_default=False)
+]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (kept in the audit trail).")]
+ByOpt = Annotated[
+    str | None, typer.Option("--by", help="Who (default: user@host), kept in the audit trail.")
+]
+
+
+def _who(by: str | None) -> str:
+    return by or f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _guarded(
+    config: Path | None, redis_url: str | None, playbooks: str | None, playbook: str | None
+) -> tuple[RemediationSettings, redis.Redis, GuardStore]:
+    settings = _settings(config, redis_url=redis_url, playbooks=playbooks)
+    client = redis.Redis.from_url(
+        settings.redis_url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0
+    )
+    guards = GuardStore(client, settings.key_prefix)
+    if playbook is not None:
+        known = set(_registry(settings).names()) | set(_policies(settings).names())
+        if playbook not in known:
+            # A playbook the state names (paused, breaker open) can always be handed back.
+            try:
+                state = guards.snapshot()
+            except redis.RedisError:
+                state = None
+            if state is None or playbook not in {*state.paused, *state.breakers_open}:
+                client.close()
+                raise fail(f"unknown playbook {playbook!r}; known: {', '.join(sorted(known))}")
+    return settings, client, guards
+
+
+@remediation_app.command("pause")
+def pause(
+    playbook: PlaybookArg = None,
+    *,
+    reason: ReasonOpt,
+    by: ByOpt = None,
+    redis_url: RedisOpt = None,
+    config: ConfigOpt = None,
+    playbooks: PlaybooksOpt = None,
+) -> None:
+    """Pause a playbook (or all) for a human to take over: its jobs are recorded and skipped."""
+    settings, client, guards = _guarded(config, redis_url, playbooks, playbook)
+    who, name = _who(by), playbook or "every playbook"
+    try:
+        changed = guards.pause(playbook, who, reason)
+        audit = AuditLog(client, settings.key_prefix, settings.audit_file)
+        audit.append(
+            "playbook.paused", None, playbook=playbook or "*", by=who, reason=reason,
+            already=not changed,
+        )  # fmt: skip
+    except (redis.RedisError, AuditError) as exc:
+        raise fail(f"{settings.redis_url}: cannot pause {name}: {exc}", 1) from None
+    finally:
+        client.close()
+    state = "paused" if changed else "already paused (first pause kept)"
+    _print(out, f"{name}: {state}; by {who}: {reason}")
+
+
+@remediation_app.command("resume")
+def resume(
+    playbook: PlaybookArg = None,
+    *,
+    reason: ReasonOpt,
+    by: ByOpt = None,
+    redis_url: RedisOpt = None,
+    config: ConfigOpt = None,
+    playbooks: PlaybooksOpt = None,
+) -> None:
+    """Hand a playbook (or all) back: lift its pause and close its breaker."""
+    settings, client, guards = _guarded(config, redis_url, playbooks, playbook)
+    who, name = _who(by), playbook or "every playbook"
+    try:
+        lifted, closed = guards.resume(playbook)
+        audit = AuditLog(client, settings.key_prefix, settings.audit_file)
+        audit.append(
+            "playbook.resumed", None, playbook=playbook or "*", by=who, reason=reason,
+            pauses_lifted=lifted, breakers_closed=closed,
+        )  # fmt: skip
+    except (redis.RedisError, AuditError) as exc:
+        raise fail(f"{settings.redis_url}: cannot resume {name}: {exc}", 1) from None
+    finally:
+        client.close()
+    parts = [f"pause lifted: {', '.join(lifted)}" if lifted else "was not paused"]
+    if closed:
+        parts.append(f"breaker closed: {', '.join(closed)}")
+    _print(out, f"{name}: resumed ({'; '.join(parts)}); by {who}: {reason}")
+
+
+@remediation_app.command("status")
+def status(
+    redis_url: RedisOpt = None, config: ConfigOpt = None, playbooks: PlaybooksOpt = None
+) -> None:
+    """Each playbook's mode, pause and breaker."""
+    settings, client, guards = _guarded(config, redis_url, playbooks, None)
+    policies = _policies(settings)
+    try:
+        snapshot = guards.snapshot()
+    except redis.RedisError as exc:
+        raise fail(f"{settings.redis_url}: cannot read the guard state: {exc}", 1) from None
+    finally:
+        client.close()
+    names = sorted(
+        {*_registry(settings).names(), *policies.names(), *snapshot.breakers_open}
+        | (set(snapshot.paused) - {"*"})
+    )
+    for name in names:
+        policy = policies.get(name)
+        pause_record = snapshot.paused.get(name) or snapshot.paused.get("*")
+        paused = f"paused by {pause_record.get('by')}" if pause_record else "-"
+        opened = snapshot.breakers_open.get(name)
+        breaker = f"OPEN since {opened.get('at')}" if opened else "closed"
+        failures = snapshot.failures.get(name, 0)
+        budget = f"{policy.budget.runs}/{policy.budget.per}" if policy.budget else "-"
+        _print(
+            out,
+            f"{name:<20} mode={policy.mode:<6} paused={paused:<24} breaker={breaker} "
+            f"(failures in a row {failures}/{policy.breaker.failures}) budget={budget}",
+        )
 
 
 @audit_app.callback()

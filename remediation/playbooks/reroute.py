@@ -16,23 +16,38 @@ Firing:
   periodically.
 
 Resolved (`plan_resolve`): if the override still points where the firing job put it,
-`hold_down` waits until `reroute.hold_down_seconds` after the alert's `endsAt` (renewing the job's
-lease), then `restore` probes the region `reroute.healthy_checks` times in a row and only then
-clears the override; a region still unhealthy keeps the override and raises a transient error, so
-the job retries and finally fails loudly. An override that was cleared or changed by someone else
-is left alone. Each step checks the state first, so re-running after a crash is harmless. The
-hold-down occupies a worker thread while it waits: run more than one worker.
+- `hold_down` (read only) waits until `reroute.hold_down_seconds` after the alert's `endsAt`, as a
+  deferred step: the job waits on the delayed queue, no worker is held;
+- `restore` hands the traffic back only when the region is healthy *by the red line*: its
+  measured latency stays under `restore.below_ratio` x `threshold_seconds` of the spec's
+  `red_lines.latency_p99` without a break for `restore.for_seconds` (hysteresis: the alert fires
+  above the threshold, the traffic returns only well under it, and only after a sustained
+  period). Each check takes `reroute.healthy_checks` dry-run probes of the region (every one
+  must answer 200 under the limit) and, with `reroute.prometheus_url`, reads the exporter's
+  latest dry-run probe duration of the region and the region's recorded P99 (when it has one:
+  none while the override takes all its traffic); Prometheus unreachable counts as not healthy.
+  A region still slow keeps the override: the step defers again every
+  `reroute.restore_check_seconds` (recording only when what it sees changes), the job stays
+  `waiting`, never failed; `RemediationStuck` pages once it is past the playbook's deadline.
+  The step remembers since when the region has been healthy across deferrals (any worker
+  continues it; a worker killed meanwhile changes nothing).
+An override that was cleared or changed by someone else is left alone. Each step checks the state
+first, so re-running after a crash is harmless.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import redis
 
+from redline.platform.prometheus import PrometheusClient, PrometheusError
 from redline.platform.routing import (
     REROUTED_HEADER,
     SERVED_REGION_HEADER,
@@ -49,6 +64,7 @@ from redline.platform.serving import (
     probe_model,
 )
 from redline.remediation.playbook import (
+    Deferred,
     PlannedStep,
     Playbook,
     PlaybookContext,
@@ -57,6 +73,10 @@ from redline.remediation.playbook import (
     TransientError,
 )
 from redline.remediation.settings import RerouteSettings, ServingSettings
+from redline.rules.records import p99_record
+from redline.slo import catalog
+from redline.slo.load import load_spec
+from redline.slo.spec import Spec
 
 _EPOCH_FLOOR = datetime(1970, 1, 2, tzinfo=UTC)
 
@@ -64,6 +84,59 @@ _EPOCH_FLOOR = datetime(1970, 1, 2, tzinfo=UTC)
 def build_candidates(upstreams: Sequence[str], region: str) -> list[str]:
     """The regions to reroute `region`'s traffic to, in failover order."""
     return [r for r in upstreams if r != region]
+
+
+def build_health_queries(spec: Spec, region: str) -> dict[str, str]:
+    """PromQL of the region's measured latency: the exporter's latest dry-run probe duration
+    and the recorded P99 of the requests first routed to it."""
+    selector = f'{catalog.LABEL_REGION}="{region}"'
+    return {
+        "exporter_probe": f"max({catalog.LLM_PROBE_DURATION_SECONDS}{{{selector}, "
+        f'{catalog.LABEL_PROBE}="chat_dry_run"}})',
+        "recorded_p99": f"max({p99_record(spec)}{{{selector}}})",
+    }
+
+
+@dataclass(frozen=True)
+class RegionHealth:
+    """One check of a region against the restore limit: healthy or not, why, the figures."""
+
+    healthy: bool
+    detail: str
+    latency_seconds: float | None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+def build_region_health(
+    limit: float,
+    probes: Sequence[HealthCheck],
+    measured: Mapping[str, float | None],
+    prometheus_error: str | None = None,
+) -> RegionHealth:
+    """Judge a region: every probe answered under `limit`, every Prometheus figure (when
+    present) under it, and Prometheus readable when configured."""
+    problems: list[str] = []
+    figures: dict[str, float] = {}
+    for index, probe in enumerate(probes):
+        figures[f"probe_{index + 1}"] = round(probe.seconds, 4)
+        if not probe.healthy:
+            problems.append(f"probe {index + 1}: {probe.detail}")
+        elif probe.seconds > limit:
+            problems.append(f"probe {index + 1} took {probe.seconds:.3f} s > {limit:g} s")
+    for name, value in measured.items():
+        if value is None or not math.isfinite(value):
+            continue
+        figures[name] = round(value, 4)
+        if value > limit:
+            problems.append(f"{name.replace('_', ' ')} {value:.3f} s > {limit:g} s")
+    if prometheus_error is not None:
+        problems.append(f"Prometheus unreadable: {prometheus_error}")
+    worst = max(figures.values(), default=None)
+    data = {"limit_seconds": limit, "figures": figures, "probes": [p.as_dict() for p in probes]}
+    if problems:
+        return RegionHealth(False, "; ".join(problems), worst, data)
+    shown = ", ".join(f"{k} {v:.3f} s" for k, v in figures.items())
+    return RegionHealth(True, f"all under {limit:g} s ({shown})", worst, data)
 
 
 def hold_down_deadline(ends_at: datetime, hold_down: float, now: float) -> float:
@@ -80,10 +153,38 @@ class Reroute(Playbook):
     name = "reroute"
     target_label = "region"
 
-    def __init__(self, options: RerouteSettings, serving: ServingSettings, redis_url: str) -> None:
+    def __init__(
+        self,
+        options: RerouteSettings,
+        serving: ServingSettings,
+        redis_url: str,
+        spec: Spec | None = None,
+    ) -> None:
         self.options = options
         self.serving = serving
         self.redis_url = options.redis_url or redis_url
+        self.spec = spec if spec is not None else load_spec(None).spec
+        red = self.spec.red_lines.latency_p99
+        self.limit_seconds = red.threshold_seconds * red.restore.below_ratio
+        self.restore_for_seconds = (
+            options.restore_for_seconds
+            if options.restore_for_seconds is not None
+            else red.restore.for_seconds
+        )
+
+    def settings_problems(self) -> Sequence[str]:
+        """serving.upstreams (two regions or more) and serving.gateway_url are required."""
+        problems = []
+        if not self.serving.upstreams:
+            problems.append(
+                "serving.upstreams is not set (the regions to move traffic between, in "
+                "failover order)"
+            )
+        elif len(self.serving.upstreams) < 2:
+            problems.append("serving.upstreams names one region; a reroute needs two or more")
+        if not self.serving.gateway_url:
+            problems.append("serving.gateway_url is not set (the gateway the reroute verifies)")
+        return problems
 
     # ---- helpers -----------------------------------------------------------------------------
 
@@ -122,6 +223,39 @@ class Reroute(Playbook):
     def _probe(self, region: str) -> HealthCheck:
         with http_client(self.serving.timeout_seconds) as client:
             return check_health(client, self.serving.upstreams[region], self.serving.probe_model)
+
+    def _measure(self, ctx: PlaybookContext, region: str) -> RegionHealth:
+        """Probe the region up to `healthy_checks` times (timing the dry run alone; the first
+        bad probe ends the check) and read its figures from Prometheus when configured."""
+        base = self.serving.upstreams[region]
+        probes: list[HealthCheck] = []
+        with http_client(self.serving.timeout_seconds) as client:
+            try:
+                model = probe_model(client, base, self.serving.probe_model)
+            except (ServingError, TransientError, httpx.HTTPError) as exc:
+                probes.append(HealthCheck(base, False, f"no model to probe: {exc}", 0.0, {}))
+            else:
+                for index in range(self.options.healthy_checks):
+                    if index:
+                        time.sleep(self.options.poll_seconds)
+                    ctx.ensure_lease()
+                    probe = check_health(client, base, model)
+                    probes.append(probe)
+                    if not probe.healthy or probe.seconds > self.limit_seconds:
+                        break  # one bad probe settles this check
+        measured: dict[str, float | None] = {}
+        error: str | None = None
+        if self.options.prometheus_url:
+            try:
+                with PrometheusClient(
+                    self.options.prometheus_url, timeout=self.serving.timeout_seconds
+                ) as prometheus:
+                    for name, query in build_health_queries(self.spec, region).items():
+                        rows = prometheus.instant(query)
+                        measured[name] = rows[0][1] if rows else None
+            except PrometheusError as exc:
+                error = str(exc)
+        return build_region_health(self.limit_seconds, probes, measured, error)
 
     # ---- firing ------------------------------------------------------------------------------
 
@@ -263,7 +397,8 @@ class Reroute(Playbook):
         return None
 
     def plan_resolve(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
-        """Hold down, then restore, if the override is still the one the firing job set."""
+        """Hold down, then restore once healthy by the red line, if the override is still the
+        one the firing job set."""
         region = self._region(ctx)
         override = self._override()
         firing_to = self._firing_target(ctx)
@@ -279,49 +414,71 @@ class Reroute(Playbook):
         deadline = hold_down_deadline(
             ctx.alert.ends_at, self.options.hold_down_seconds, time.time()
         )
+        limit, sustain = self.limit_seconds, self.restore_for_seconds
         return (
             PlannedStep(
                 "hold_down",
-                f"wait until {deadline:.3f} ({self.options.hold_down_seconds:g} s after the "
+                f"wait until {_stamp(deadline)} ({self.options.hold_down_seconds:g} s after the "
                 f"alert ended) before restoring {region}",
                 {"region": region, "until": deadline},
+                read_only=True,
             ),
             PlannedStep(
                 "restore",
-                f"when {region} passes {self.options.healthy_checks} dry-run probes in a row, "
-                f"clear the override to {firing_to}",
-                {"region": region, "expect": firing_to},
-            ),
+                f"once {region}'s latency stays under {limit:g} s for {sustain:g} s, clear the "
+                f"override to {firing_to}",
+                {
+                    "region": region,
+                    "expect": firing_to,
+                    "limit_seconds": limit,
+                    "for_seconds": sustain,
+                },
+            ),  # fmt: skip
         )
 
-    def resolve(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult:
-        """Wait out the hold-down, or restore the routing once the region is healthy."""
+    def resolve(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult | Deferred:
+        """Wait out the hold-down, or restore the routing once the region is healthy by the red
+        line for long enough (deferring while it is not)."""
         if step.name == "hold_down":
             until = float(step.params["until"])
-            while (remaining := until - time.time()) > 0:
-                ctx.ensure_lease()
-                time.sleep(min(remaining, 0.5))
-            return StepResult.success(f"held down until {until:.3f}", until=until)
+            remaining = until - time.time()
+            if remaining > 0:
+                return Deferred(remaining, f"hold-down until {_stamp(until)}", {"until": until})
+            return StepResult.success(f"held down until {_stamp(until)}", until=until)
         if step.name != "restore":
             return StepResult.failure(f"{self.name}: unknown resolve step {step.name!r}")
         region, expect = str(step.params["region"]), step.params.get("expect")
         override = self._override()
         if expect is None or override is None or override.target_region != expect:
-            now = override.target_region if override else None
+            routed = override.target_region if override else None
             return StepResult.success(
-                f"nothing restored: the override routes to {now}", override=now, restored=False
+                f"nothing restored: the override routes to {routed}", override=routed,
+                restored=False,
+            )  # fmt: skip
+        limit = float(step.params.get("limit_seconds", self.limit_seconds))
+        sustain = float(step.params.get("for_seconds", self.restore_for_seconds))
+        health = self._measure(ctx, region)
+        now = time.time()
+        seen = ctx.state.get("status")
+        if not health.healthy:
+            return Deferred(
+                self.options.restore_check_seconds,
+                f"{region} is not healthy by the red line ({health.detail}); the override to "
+                f"{expect} stays",
+                {"status": "slow", "healthy_since": None, "checked_at": now},
+                record=seen != "slow",
             )
-        checks = []
-        for index in range(self.options.healthy_checks):
-            if index:
-                time.sleep(self.options.poll_seconds)
-            ctx.ensure_lease()
-            check = self._probe(region)
-            checks.append(check.as_dict())
-            if not check.healthy:
-                raise TransientError(
-                    f"{region} is still unhealthy ({check.detail}); the override to {expect} stays"
-                )
+        raw_since = ctx.state.get("healthy_since")
+        since = float(raw_since) if seen == "healthy" and raw_since is not None else now
+        held = now - since
+        if held < sustain:
+            return Deferred(
+                min(self.options.restore_check_seconds, sustain - held),
+                f"{region} healthy by the red line for {held:.0f} of {sustain:g} s "
+                f"({health.detail})",
+                {"status": "healthy", "healthy_since": since, "checked_at": now},
+                record=seen != "healthy",
+            )
         store = self._store()
         try:
             current = store.get_override()
@@ -333,13 +490,26 @@ class Reroute(Playbook):
             raise TransientError(f"routing store: {type(exc).__name__}: {exc}") from exc
         finally:
             store.close()
-        ctx.record("probes", f"{region} healthy {len(checks)} times in a row", checks=checks)
+        ctx.record("health", f"{region}: {health.detail}", **health.data)
         return StepResult.success(
-            f"override to {expect} cleared: the gateway routes in its configured order again "
-            f"({region} healthy)",
+            f"override to {expect} cleared after {region} stayed under {limit:g} s for "
+            f"{held:.0f} s: the gateway routes in its configured order again",
             restored=True,
             region=region,
+            healthy_for_seconds=round(held, 3),
+            latency_seconds=health.latency_seconds,
         )
 
 
-__all__ = ["Reroute", "build_candidates", "hold_down_deadline"]
+def _stamp(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).isoformat(timespec="seconds")
+
+
+__all__ = [
+    "RegionHealth",
+    "Reroute",
+    "build_candidates",
+    "build_health_queries",
+    "build_region_health",
+    "hold_down_deadline",
+]

@@ -102,6 +102,19 @@ class SpotDrain(Playbook):
         self.spec_path = spec_path
         self.profile = profile
 
+    def settings_problems(self) -> Sequence[str]:
+        """Valid `playbook_options.spot_drain`, and a gateway to drain through."""
+        try:
+            options = self._options()
+        except PlaybookError as exc:
+            return [str(exc).removeprefix(f"{self.name}: ")]
+        if not options.gateway_urls and not self.serving.gateway_url:
+            return [
+                "serving.gateway_url (or playbook_options.spot_drain.gateway_urls) is not set "
+                "(the gateways that close a draining node's admission)"
+            ]
+        return []
+
     # ---- helpers -----------------------------------------------------------------------------
 
     def _options(self) -> SpotDrainOptions:

@@ -25,6 +25,7 @@ from redline.remediation.models import Alert, job_id_for
 from redline.remediation.settings import RemediationSettings
 from redline.remediation.worker import Worker
 from redline.slo.load import load_spec
+from redline.slo.spec import PlaybookPolicy
 from tests.support.remediation import (
     REPO,
     make_settings,
@@ -54,7 +55,16 @@ def real_workers(settings: RemediationSettings, count: int = 1) -> Iterator[list
 def worker_process(
     settings: RemediationSettings, config_dir: Path, log_path: Path
 ) -> subprocess.Popen[bytes]:
-    """`redline remediation worker --config FILE` on the built-in registry, in its own process."""
+    """`redline remediation worker --config FILE` on the built-in registry, in its own process.
+
+    Built-in playbooks the test leaves unconfigured are set `off` (unless the settings give them
+    a policy): the worker refuses to start while an enabled playbook lacks a setting."""
+    off = {
+        playbook.name: PlaybookPolicy(mode="off")
+        for playbook in build_registry(settings)
+        if playbook.settings_problems() and playbook.name not in settings.policies
+    }
+    settings = settings.model_copy(update={"policies": {**off, **settings.policies}})
     config = config_dir / "worker.yaml"
     config.write_text(yaml.safe_dump(settings.model_dump(mode="json", exclude_none=True)))
     argv = [sys.executable, "-m", "redline.cli", "remediation", "worker", "--config", str(config)]

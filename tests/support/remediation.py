@@ -28,6 +28,7 @@ from redline.core.servers import ServerThread, serve_in_thread
 from redline.remediation.app import build_receiver_app
 from redline.remediation.jobs import TERMINAL, Job, JobStore
 from redline.remediation.playbook import (
+    Deferred,
     PlannedStep,
     Playbook,
     PlaybookContext,
@@ -166,9 +167,90 @@ class BrokenPlaybook(Playbook):
         return StepResult.failure("effect not observed")
 
 
+class WaitPlaybook(Playbook):
+    """`mark` (counted) → `hold` (read only: defers `hold` seconds, annotation) → `after`.
+
+    `rt:wait:<job>` lists what happened: `mark`, `defer <due>`, `resume <time>`, `after`.
+    """
+
+    name = "wait"
+    target_label = "region"
+
+    def plan(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
+        """Three steps."""
+        hold = float(ctx.annotations.get("hold", "1"))
+        return (
+            PlannedStep("mark", "count a mark"),
+            PlannedStep("hold", f"wait {hold:g} s", {"hold": hold}, read_only=True),
+            PlannedStep("after", "count an after"),
+        )
+
+    def execute(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult | Deferred:
+        """Mark, hold (deferred, then resumed when due), after."""
+        log = f"rt:wait:{ctx.job_id}"
+        if step.name == "hold":
+            due = ctx.state.get("due")
+            if due is None:
+                due = time.time() + float(step.params["hold"])
+                ctx.redis.rpush(log, f"defer {due}")
+                return Deferred(float(step.params["hold"]), "holding", {"due": due})
+            ctx.redis.rpush(log, f"resume {time.time()}")
+            if time.time() < float(due):
+                return Deferred(float(due) - time.time(), "not yet", {"due": due})
+            return StepResult.success("held", due=due)
+        ctx.redis.rpush(log, step.name)
+        return StepResult.success(step.name)
+
+    def verify(self, ctx: PlaybookContext) -> StepResult:
+        """The after step ran."""
+        return StepResult(
+            "after" in ctx.redis.lrange(f"rt:wait:{ctx.job_id}", 0, -1), "after recorded"
+        )
+
+
+class CheckPlaybook(Playbook):
+    """`look` (read only: counts, may wait for a file) → `change` (sets `rt:changed:<target>`).
+
+    Annotations: `gate` (a file `look` waits for, after creating `<gate>.entered`) and `fail`
+    ("true": `look` reports failure).
+    """
+
+    name = "check"
+    target_label = "region"
+
+    def plan(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
+        """A check, then a change."""
+        return (
+            PlannedStep("look", "look at the target", read_only=True),
+            PlannedStep("change", f"change {ctx.target}", {"target": ctx.target}),
+        )
+
+    def execute(self, ctx: PlaybookContext, step: PlannedStep) -> StepResult:
+        """Look (read only) or change."""
+        if step.name == "look":
+            gate = ctx.annotations.get("gate")
+            if gate:
+                Path(f"{gate}.entered").touch()
+                while not Path(gate).exists():
+                    time.sleep(0.02)
+            ctx.redis.incr(f"rt:looks:{ctx.job_id}")
+            if ctx.annotations.get("fail") == "true":
+                return StepResult.failure("the target looks wrong")
+            return StepResult.success("looked", shadow=ctx.shadow)
+        ctx.redis.set(f"rt:changed:{ctx.target}", ctx.job_id)
+        return StepResult.success("changed")
+
+    def verify(self, ctx: PlaybookContext) -> StepResult:
+        """The change is there."""
+        return StepResult(bool(ctx.redis.get(f"rt:changed:{ctx.target}")), "changed")
+
+
 def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
     """The test playbooks."""
-    return PlaybookRegistry([CounterPlaybook(), SlowPlaybook(), FlakyPlaybook(), BrokenPlaybook()])
+    return PlaybookRegistry(
+        [CounterPlaybook(), SlowPlaybook(), FlakyPlaybook(), BrokenPlaybook(), WaitPlaybook(),
+         CheckPlaybook()]
+    )  # fmt: skip
 
 
 def make_settings(redis_url: str, **overrides: Any) -> RemediationSettings:

@@ -272,7 +272,7 @@ def test_dry_run_returns_the_plan_and_changes_nothing(
         assert job["status"] == "planned" and job["outcome"] == "dry_run" and job["dry_run"]
         assert job["plan"] == [
             {"name": "mark", "description": "mark region=primary remediated",
-             "params": {"target": "region=primary"}}
+             "params": {"target": "region=primary"}, "read_only": False}
         ]  # fmt: skip
         assert client.get("rt:state:region=primary") is None
         assert client.get(f"rt:runs:{job_id}") is None
