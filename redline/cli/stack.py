@@ -32,7 +32,7 @@ from redline.devstack.errors import (
 )
 from redline.devstack.health import check_stack
 from redline.devstack.interrupts import InterruptGuard, interrupt_on_signals
-from redline.devstack.layout import ADAPTER_VERSIONS
+from redline.devstack.layout import ADAPTER_VERSIONS, STACK_SOURCES
 from redline.devstack.loadgen import LoadGenerator, LoadgenSettings, write_reference
 from redline.devstack.models import (
     BaselineError,
@@ -53,6 +53,18 @@ RunDirOpt = Annotated[
 ]
 SpecOpt = Annotated[
     Path | None, typer.Option("--spec", help="Spec YAML file; the embedded default when omitted.")
+]
+
+
+SourceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--source",
+        help=f"Whose metrics feed the rules: {' or '.join(STACK_SOURCES)} (the simulators "
+        "publish vLLM's exposition and no gateway runs; clients talk to them directly). "
+        "Default: the spec's sources.profile.",
+        show_default=False,
+    ),
 ]
 
 
@@ -106,11 +118,12 @@ def bring_up(options: UpOptions, guard: InterruptGuard | None = None) -> StackSt
     def baselines(state: StackState, say: Say) -> None:
         endpoints = state.endpoints()
         spec = state.load_spec()
-        say("measuring each adapter version's baselines through the gateway")
+        where = "the gateway" if endpoints.has_gateway else f"{state.regions[0]}'s engine"
+        say(f"measuring each adapter version's baselines through {where}")
         try:
             measurements = record_baselines(
                 state.layout(),
-                endpoints.gateway_url,
+                endpoints.client_url,
                 list(endpoints.upstreams.values()),
                 spec.sources.buckets,
                 options.baseline_requests,
@@ -145,9 +158,12 @@ def up(
     ] = 50.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
     regions: RegionsOpt = None,
+    source: SourceOpt = None,
 ) -> None:
     """Start the local stack (every part detached) and print where everything is."""
-    options = UpOptions(run_dir, spec, parse_ports(port), rate, seed, prometheus_regions=regions)
+    options = UpOptions(
+        run_dir, spec, parse_ports(port), rate, seed, prometheus_regions=regions, source=source
+    )
     try:
         with interrupt_on_signals() as guard:
             state = bring_up(options, guard)
@@ -210,7 +226,7 @@ def loadgen(
     ] = None,
     rate: Annotated[float | None, typer.Option("--rate", help="Requests per second.")] = None,
 ) -> None:
-    """Send realistic chat traffic through the gateway until SIGTERM/Ctrl-C."""
+    """Send realistic chat traffic through the gateway (or to an engine) until SIGTERM/Ctrl-C."""
     try:
         settings = load_settings(LoadgenSettings, config, gateway_url=gateway_url, rate=rate)
     except SettingsError as exc:
@@ -312,7 +328,12 @@ def drill(
 
 
 def run_demo(
-    run_dir: Path, spec: Path | None, once: bool, rate: float, regions: int | None = None
+    run_dir: Path,
+    spec: Path | None,
+    once: bool,
+    rate: float,
+    regions: int | None = None,
+    source: str | None = None,
 ) -> None:
     """Stack up (or reuse the one running there) -> every drill -> timings -> URLs or down."""
     try:
@@ -323,7 +344,9 @@ def run_demo(
     except StackError:
         try:
             with interrupt_on_signals() as guard:
-                options = UpOptions(run_dir, spec, {}, rate, prometheus_regions=regions)
+                options = UpOptions(
+                    run_dir, spec, {}, rate, prometheus_regions=regions, source=source
+                )
                 state = bring_up(options, guard)
         except StackError as exc:
             raise _fail(exc) from None

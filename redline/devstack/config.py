@@ -10,6 +10,7 @@ profile's staleness guard).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,39 +27,112 @@ from redline.devstack.layout import (
     CONTROL_PLANE_JOBS,
     EMBEDDINGS_FIELD,
     EMBEDDINGS_STREAM,
+    GATEWAY_PART,
     INDEX_DIM,
     PRIMARY_INDEX,
     REPLICA_INDEX,
     Endpoints,
     StackLayout,
+    check_source,
+    has_gateway,
     simulator_part,
 )
 from redline.devstack.multiregion import GLOBAL_PART, build_multiregion_configs, regional_part
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
 from redline.rules.model import format_duration
-from redline.slo.spec import Receiver, Spec
+from redline.slo.sources import PROFILES, SIGNAL_KINDS
+from redline.slo.spec import Receiver, Sources, Spec
+
+GATEWAY_ONLY_PLAYBOOKS = frozenset({"reroute"})
+"""Playbooks that act through redline's gateway (its routing override): a stack without the
+gateway cannot run them, so its spec pages a human instead."""
+
+
+def build_source_spec(spec: Spec, source: str) -> Spec:
+    """The spec as a stack of `source` runs it: unchanged for redline's gateway; for an engine
+    source its `sources` replaced by the engine's profile (the simulators publish exactly its
+    documented exposition) and, with no gateway in the path, a latency red line that pages a
+    human instead of a reroute only the gateway could perform, and that does not claim to
+    include reroutes."""
+    check_source(source)
+    if has_gateway(source):
+        if spec.sources.profile == source:
+            return spec
+        # An engine spec run behind the gateway: the rules read what the gateway writes.
+        return spec.model_copy(update={"sources": Sources.model_validate({"profile": source})})
+    red = spec.red_lines
+    latency = red.latency_p99
+    playbook = None if latency.playbook in GATEWAY_ONLY_PLAYBOOKS else latency.playbook
+    latency = latency.model_copy(update={"playbook": playbook, "includes_reroute": False})
+    return spec.model_copy(
+        update={
+            "sources": Sources.model_validate({"profile": source}),
+            "red_lines": red.model_copy(update={"latency_p99": latency}),
+        }
+    )
 
 
 def build_stack_spec(spec: Spec, endpoints: Endpoints, token_file: Path) -> Spec:
-    """The spec (local profile already applied) with the receiver pointed at this run's."""
+    """The spec (local profile already applied) as this run's source runs it
+    (`build_source_spec`), with the receiver pointed at this run's."""
     receiver = Receiver(url=f"{endpoints.receiver_url}/alerts", bearer_token_file=str(token_file))
-    return spec.model_copy(update={"receiver": receiver})
+    staged = build_source_spec(spec, endpoints.source)
+    return staged.model_copy(update={"receiver": receiver})
 
 
 def pipeline_budget_seconds(spec: Spec, for_seconds: float, federated: bool = False) -> float:
-    """scrape (+ a federation scrape) + eval + for + group_wait: from a fault to a notification."""
+    """scrape (+ a federation scrape) + eval (+ the mirror's eval) + for + group_wait: from a
+    fault to a notification. An engine source's series pass through one more rule evaluation,
+    the `redline:source:` mirror, before the recordings and alerts read them."""
     t = spec.timing
     scrapes = 2 if federated else 1
+    evaluations = 2 if spec.sources.resolve().mirrored else 1
     return (
         scrapes * t.scrape_interval_seconds
-        + t.evaluation_interval_seconds
+        + evaluations * t.evaluation_interval_seconds
         + for_seconds
         + t.group_wait_seconds
     )
 
 
+def engine_job(endpoints: Endpoints) -> str | None:
+    """The scrape job of the simulators' engine exposition (named after the source), or None
+    where the gateway writes the series."""
+    return None if endpoints.has_gateway else endpoints.source
+
+
+def build_engine_job(endpoints: Endpoints) -> dict[str, Any]:
+    """Every region's simulator (its engine /metrics), each with a `region` target label: the
+    profile maps the engine's series' `region` label onto the catalog's."""
+    name = engine_job(endpoints)
+    if name is None:
+        raise ValueError("the gateway stack scrapes no engine")
+    targets = [
+        {
+            "targets": [f"{endpoints.host}:{endpoints.ports[simulator_part(region)]}"],
+            "labels": {"region": region},
+        }
+        for region in endpoints.regions
+    ]
+    return {"job_name": name, "static_configs": targets}
+
+
+def engine_series_match(source: str) -> list[str]:
+    """`match[]` selectors of an engine profile's own series (what its mirror recordings read),
+    for federation: the catalog's prefixes do not cover them."""
+    profile = PROFILES[source]
+    names: set[str] = set()
+    for signal, series in profile.series.items():
+        for name in series.names:
+            names.add(re.escape(name))
+            if SIGNAL_KINDS[signal] == "histogram":
+                names.update(re.escape(name) + suffix for suffix in ("_bucket", "_count", "_sum"))
+    return [f'{{__name__=~"{"|".join(sorted(names))}"}}'] if names else []
+
+
 def build_prometheus_config(spec: Spec, endpoints: Endpoints, rule_file: Path) -> dict[str, Any]:
-    """prometheus.yml: the profile's scrape/eval intervals, the rules, Alertmanager, targets."""
+    """prometheus.yml: the profile's scrape/eval intervals, the rules, Alertmanager, targets
+    (the gateway, or every region's engine without one)."""
     t = spec.timing
     scrape = format_duration(t.scrape_interval_seconds)
     host = endpoints.host
@@ -69,6 +143,10 @@ def build_prometheus_config(spec: Spec, endpoints: Endpoints, rule_file: Path) -
             target["labels"] = dict(labels)
         return {"job_name": name, "static_configs": [target]}
 
+    if endpoints.has_gateway:
+        serving = job(GATEWAY_PART, GATEWAY_PART)
+    else:
+        serving = build_engine_job(endpoints)
     return {
         "global": {
             "scrape_interval": scrape,
@@ -83,7 +161,7 @@ def build_prometheus_config(spec: Spec, endpoints: Endpoints, rule_file: Path) -
             ]
         },
         "scrape_configs": [
-            job("gateway", "gateway"),
+            serving,
             job("exporters", "exporters"),
             job("remediation", "remediation"),
             job("prometheus", "prometheus"),
@@ -103,7 +181,8 @@ def build_prometheus_configs(
     addresses = {part: f"{endpoints.host}:{endpoints.ports[part]}" for part in parts}
     last = endpoints.prometheus_regions[-1]
     job_regions = dict.fromkeys(CONTROL_PLANE_JOBS, last)
-    return build_multiregion_configs(spec, base, addresses, job_regions).parts()
+    extra = () if endpoints.has_gateway else engine_series_match(endpoints.source)
+    return build_multiregion_configs(spec, base, addresses, job_regions, extra).parts()
 
 
 def build_healthy_faults(region_index: int) -> dict[str, Any]:
@@ -121,8 +200,11 @@ def build_healthy_faults(region_index: int) -> dict[str, Any]:
 def build_simulator_settings(
     region: str, region_index: int, endpoints: Endpoints, layout: StackLayout, seed: int
 ) -> dict[str, Any]:
-    """Settings of one region's upstream simulator, serving the active adapter version."""
+    """Settings of one region's upstream simulator, serving the active adapter version; without
+    a gateway it publishes the engine's exposition on /metrics."""
+    engine = {} if endpoints.has_gateway else {"metrics_profile": endpoints.source}
     return {
+        **engine,
         "host": endpoints.host,
         "port": endpoints.ports[simulator_part(region)],
         "region": region,
@@ -206,7 +288,8 @@ def build_exporter_settings(
         "golden_set": {
             "interval_seconds": 2.0,
             "timeout_seconds": 3.0,
-            "gateway_url": endpoints.gateway_url,
+            # Without a gateway the probe asks the first region's engine directly.
+            "gateway_url": endpoints.client_url,
             "models": [ADAPTER],
         },
         "index_staleness": {
@@ -240,10 +323,11 @@ def build_exporter_settings(
 
 
 def build_playbook_sections(endpoints: Endpoints, layout: StackLayout) -> dict[str, Any]:
-    """The receiver's playbook sections: where each playbook finds what it acts on."""
+    """The receiver's playbook sections: where each playbook finds what it acts on (without a
+    gateway, the rollback's golden set asks the first region's engine)."""
     return {
         "serving": {
-            "gateway_url": endpoints.gateway_url,
+            "gateway_url": endpoints.client_url,
             "upstreams": endpoints.upstreams,
             "probe_model": BASE_MODEL,
             "timeout_seconds": 5.0,
@@ -261,8 +345,15 @@ def build_playbook_sections(endpoints: Endpoints, layout: StackLayout) -> dict[s
                 }
             },
         },
-        # A short hold-down: the drills wait for the routing to be restored before the next one.
-        "reroute": {"hold_down_seconds": 3.0, "healthy_checks": 3, "poll_seconds": 0.25},
+        # A short hold-down and restore period (the spec's is 120 s): the drills wait for the
+        # routing to be restored before the next one.
+        "reroute": {
+            "hold_down_seconds": 3.0,
+            "healthy_checks": 3,
+            "poll_seconds": 0.25,
+            "restore_check_seconds": 1.0,
+            "restore_for_seconds": 5.0,
+        },
     }
 
 
@@ -293,10 +384,11 @@ def build_remediation_settings(
 def build_loadgen_settings(
     endpoints: Endpoints, layout: StackLayout, rate: float, seed: int
 ) -> dict[str, Any]:
-    """Settings of the load generator (chat traffic, prompt embeddings, adapter checkpoints)."""
+    """Settings of the load generator (chat traffic, prompt embeddings, adapter checkpoints):
+    through the gateway, or without one to the first region's engine directly."""
     return {
         "redis_url": endpoints.redis_url,
-        "gateway_url": endpoints.gateway_url,
+        "gateway_url": endpoints.client_url,
         "rate": rate,
         "seed": seed,
         "adapter": ADAPTER,
@@ -327,7 +419,8 @@ def build_part_commands(
     seed: int,
     python: str = sys.executable,
 ) -> list[PartCommand]:
-    """The redline parts (every part but the service binaries), in start order."""
+    """The redline parts (every part but the service binaries), in start order; the gateway
+    only where the source is redline's gateway."""
     cli = (python, "-m", "redline.cli")
 
     def command(part: str, args: Sequence[str], settings: dict[str, Any]) -> PartCommand:
@@ -346,8 +439,10 @@ def build_part_commands(
     # The reroute's hold-down occupies a worker while it waits: run three in two processes.
     receiver = build_remediation_settings(endpoints, layout, spec_path, workers=1)
     workers = build_remediation_settings(endpoints, layout, spec_path, workers=2)
+    if endpoints.has_gateway:
+        gateway = build_gateway_settings(endpoints, spec_path)
+        commands.append(command(GATEWAY_PART, ("gateway",), gateway))
     commands += [
-        command("gateway", ("gateway",), build_gateway_settings(endpoints, spec_path)),
         command("remediation", ("remediation",), receiver),
         command("remediation-worker", ("remediation", "worker"), workers),
         command("replicator", ("index", "replicate"), build_index_settings(endpoints)),

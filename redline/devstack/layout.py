@@ -45,6 +45,12 @@ TAIL_PARTS = (
     "loadgen",
 )
 HTTP_PARTS = frozenset({"gateway", "remediation", "exporters"})
+GATEWAY_PART = "gateway"
+GATEWAY_SOURCE = "redline-gateway"
+"""The default stack: clients go through redline's gateway, whose series feed the rules."""
+STACK_SOURCES = (GATEWAY_SOURCE, "vllm")
+"""What `redline up --source` accepts: redline's gateway, or an engine profile the simulator can
+publish (`vllm`: the simulators publish vLLM's exposition and no gateway is started)."""
 CONTROL_PLANE_JOBS = ("remediation", "alertmanager")
 """With one Prometheus per region, these scrape jobs belong to the last region's Prometheus (the
 control plane runs there); the serving path (gateway, exporters) stays in the first region."""
@@ -66,20 +72,42 @@ def build_service_parts(prometheus_regions: Sequence[str] = ()) -> tuple[str, ..
     return (*SERVICE_PARTS[:at], *regional, *SERVICE_PARTS[at:])
 
 
+def has_gateway(source: str) -> bool:
+    """True when the stack of this source puts redline's gateway in the path."""
+    return source == GATEWAY_SOURCE
+
+
+def check_source(source: str) -> None:
+    """StackConfigError unless the local stack can run this source."""
+    if source not in STACK_SOURCES:
+        raise StackConfigError(
+            f"--source {source}: the local stack runs {', '.join(STACK_SOURCES)} (the simulator "
+            "publishes redline's gateway series or vLLM's exposition)"
+        )
+
+
+def _tail_parts(source: str) -> tuple[str, ...]:
+    return TAIL_PARTS if has_gateway(source) else tuple(p for p in TAIL_PARTS if p != GATEWAY_PART)
+
+
+def _http_parts(source: str) -> list[str]:
+    return sorted(HTTP_PARTS if has_gateway(source) else HTTP_PARTS - {GATEWAY_PART})
+
+
 def build_part_names(
-    regions: Sequence[str], prometheus_regions: Sequence[str] = ()
+    regions: Sequence[str], prometheus_regions: Sequence[str] = (), source: str = GATEWAY_SOURCE
 ) -> tuple[str, ...]:
-    """Every part in start order (stop order is the reverse)."""
+    """Every part in start order (stop order is the reverse); no gateway for an engine source."""
     services = build_service_parts(prometheus_regions)
-    return (*services, *(simulator_part(r) for r in regions), *TAIL_PARTS)
+    return (*services, *(simulator_part(r) for r in regions), *_tail_parts(source))
 
 
 def build_ported_parts(
-    regions: Sequence[str], prometheus_regions: Sequence[str] = ()
+    regions: Sequence[str], prometheus_regions: Sequence[str] = (), source: str = GATEWAY_SOURCE
 ) -> tuple[str, ...]:
     """The parts that listen on a TCP port."""
     services = build_service_parts(prometheus_regions)
-    return (*services, *(simulator_part(r) for r in regions), *sorted(HTTP_PARTS))
+    return (*services, *(simulator_part(r) for r in regions), *_http_parts(source))
 
 
 @dataclass(frozen=True)
@@ -198,6 +226,8 @@ class Endpoints:
     regions: tuple[str, ...]
     prometheus_regions: tuple[str, ...] = ()
     """Regions with their own Prometheus (federated by the global one); empty: one Prometheus."""
+    source: str = GATEWAY_SOURCE
+    """`redline-gateway`, or the engine profile the simulators publish (no gateway then)."""
 
     def _url(self, part: str) -> str:
         return f"http://{self.host}:{self.ports[part]}"
@@ -237,9 +267,22 @@ class Endpoints:
         return self._url("remediation")
 
     @property
+    def has_gateway(self) -> bool:
+        """True when redline's gateway is in the path (the default stack)."""
+        return has_gateway(self.source)
+
+    @property
     def gateway_url(self) -> str:
-        """The gateway (OpenAI-compatible)."""
-        return self._url("gateway")
+        """The gateway (OpenAI-compatible); StackConfigError in a stack without one."""
+        if not self.has_gateway:
+            raise StackConfigError(f"the {self.source} stack runs no gateway")
+        return self._url(GATEWAY_PART)
+
+    @property
+    def client_url(self) -> str:
+        """Where clients (load generator, golden probe, baselines) send their requests: the
+        gateway, or without one the first region's engine (the simulator) directly."""
+        return self.gateway_url if self.has_gateway else self.simulator_url(self.regions[0])
 
     @property
     def exporters_url(self) -> str:
@@ -271,9 +314,11 @@ def build_endpoints(
     regions: Sequence[str],
     host: str = HOST,
     prometheus_regions: Sequence[str] = (),
+    source: str = GATEWAY_SOURCE,
 ) -> Endpoints:
     """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
-    parts = build_ported_parts(regions, prometheus_regions)
+    check_source(source)
+    parts = build_ported_parts(regions, prometheus_regions, source)
     missing = [part for part in parts if part not in ports]
     if missing:
         raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
@@ -282,7 +327,7 @@ def build_endpoints(
             raise StackConfigError(f"port of {part} must be 1..65535, got {port}")
     if len(set(ports.values())) != len(ports):
         raise StackConfigError("two parts were given the same port")
-    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions))
+    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions), source)
 
 
 def check_regions(spec: Spec) -> None:

@@ -1,4 +1,5 @@
-"""The load generator: realistic chat traffic through the gateway, at a steady rate.
+"""The load generator: realistic chat traffic through the gateway (or, in a stack without one,
+straight to an engine), at a steady rate.
 
 Requests arrive as a Poisson process at `rate` per second (enough for the rollback gate's
 2000 requests per 300 s per model version at >= 7/s). The mix: most requests ask the fine-tuned
@@ -102,7 +103,10 @@ _HISTORY = (
 class LoadgenSettings(ServiceSettings):
     """Settings of `redline loadgen`."""
 
-    gateway_url: str = Field("http://127.0.0.1:8080", description="The gateway's base URL.")
+    gateway_url: str = Field(
+        "http://127.0.0.1:8080",
+        description="Base URL requests go to: the gateway, or an engine where none runs.",
+    )
     rate: PositiveFloat = Field(30.0, description="Requests per second (Poisson arrivals).")
     seed: int = Field(0, description="Seed of the prompt and arrival dice.")
     adapter: str = Field("chat-lora", min_length=1, description="The fine-tuned adapter's name.")

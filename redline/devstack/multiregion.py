@@ -68,11 +68,12 @@ def select_regions(spec: Spec, count: int | None) -> tuple[str, ...]:
     return spec.regions[:count]
 
 
-def federate_match() -> list[str]:
-    """The `match[]` selectors the global Prometheus federates."""
+def federate_match(extra: Sequence[str] = ()) -> list[str]:
+    """The `match[]` selectors the global Prometheus federates (plus `extra` ones: an engine's
+    own series, which its mirror recordings read, carry none of the catalog's prefixes)."""
     names = "|".join(FEDERATED_NAMES)
     prefixes = "|".join(FEDERATED_PREFIXES)
-    return [f'{{__name__=~"({prefixes})_.+"}}', f'{{__name__=~"{names}"}}']
+    return [f'{{__name__=~"({prefixes})_.+"}}', f'{{__name__=~"{names}"}}', *extra]
 
 
 def _jobs(base: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -104,7 +105,11 @@ def build_regional_config(
 
 
 def build_global_config(
-    spec: Spec, base: Mapping[str, Any], regional_addresses: Mapping[str, str], address: str
+    spec: Spec,
+    base: Mapping[str, Any],
+    regional_addresses: Mapping[str, str],
+    address: str,
+    extra_match: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The global Prometheus: federates every region, keeps the base rules and alerting."""
     glob = dict(base.get("global", {}))
@@ -119,7 +124,7 @@ def build_global_config(
             # at federation time restores staleness, at the cost of one scrape of delay.
             "honor_timestamps": False,
             "metrics_path": "/federate",
-            "params": {"match[]": federate_match()},
+            "params": {"match[]": federate_match(extra_match)},
             "scrape_interval": interval,
             "scrape_timeout": interval,
             "static_configs": [{"targets": [target]}],
@@ -139,12 +144,14 @@ def build_multiregion_configs(
     base: Mapping[str, Any],
     addresses: Mapping[str, str],
     job_regions: Mapping[str, str] | None = None,
+    extra_match: Sequence[str] = (),
 ) -> MultiRegionConfigs:
     """Every Prometheus config of the topology.
 
     `addresses` maps each stack part (`prometheus-<region>` and `prometheus`) to host:port.
     `job_regions` maps a scrape job of `base` to the region whose Prometheus scrapes it; jobs
-    not named go to the first region (the stack's services run there).
+    not named go to the first region (the stack's services run there). `extra_match` adds
+    `match[]` selectors to the federation (an engine's own series).
     """
     regions = [part.removeprefix("prometheus-") for part in addresses if part != GLOBAL_PART]
     missing = [r for r in regions if r not in spec.regions]
@@ -169,7 +176,8 @@ def build_multiregion_configs(
     }
     regional_addresses = {region: addresses[regional_part(region)] for region in regions}
     return MultiRegionConfigs(
-        regional, build_global_config(spec, base, regional_addresses, addresses[GLOBAL_PART])
+        regional,
+        build_global_config(spec, base, regional_addresses, addresses[GLOBAL_PART], extra_match),
     )
 
 

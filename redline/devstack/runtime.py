@@ -38,7 +38,9 @@ from redline.devstack.errors import (
 )
 from redline.devstack.interrupts import InterruptGuard, shield_cleanup
 from redline.devstack.layout import (
+    GATEWAY_SOURCE,
     HOST,
+    STACK_SOURCES,
     Endpoints,
     StackConfigError,
     StackLayout,
@@ -46,6 +48,7 @@ from redline.devstack.layout import (
     build_ported_parts,
     build_service_parts,
     check_regions,
+    check_source,
 )
 from redline.devstack.multiregion import (
     MultiRegionError,
@@ -99,6 +102,9 @@ class UpOptions:
     ready_timeout: float = 90.0
     prometheus_regions: int | None = None
     """`--regions N`: a Prometheus for each of the spec's first N regions and a global one."""
+    source: str | None = None
+    """`--source`: redline-gateway or an engine profile (vllm: no gateway); None follows the
+    spec's `sources.profile`."""
 
 
 SERVICE_BINARIES = {
@@ -304,6 +310,22 @@ def _load(spec_path: Path | None) -> tuple[LoadedSpec, Spec]:
     return loaded, spec
 
 
+def resolve_source(spec: Spec, source: str | None) -> str:
+    """The stack's source: `--source` when given, else the spec's `sources.profile` (the
+    embedded default's is redline-gateway); StackError when the stack cannot simulate it."""
+    chosen = source if source is not None else spec.sources.profile
+    try:
+        check_source(chosen)
+    except StackConfigError as exc:
+        if source is not None:
+            raise StackError(str(exc)) from None
+        raise StackError(
+            f"sources.profile: {chosen}: the local stack simulates {', '.join(STACK_SOURCES)}; "
+            f"run it with --source {GATEWAY_SOURCE} or another of those"
+        ) from None
+    return chosen
+
+
 def _prometheus_regions(spec: Spec, count: int | None) -> tuple[str, ...]:
     if count is None:
         return ()
@@ -327,21 +349,24 @@ def start_stack(
     """
     check_binaries()
     loaded, spec = _load(options.spec_path)
+    source = resolve_source(spec, options.source)
     prometheus_regions = _prometheus_regions(spec, options.prometheus_regions)
     layout = StackLayout(options.run_dir.resolve())
     with run_dir_lock(layout):
         prepare_run_dir(layout, say)
-        parts = build_ported_parts(spec.regions, prometheus_regions)
+        parts = build_ported_parts(spec.regions, prometheus_regions, source)
         ports = choose_ports(parts, options.ports)
-        endpoints = build_endpoints(ports, spec.regions, prometheus_regions=prometheus_regions)
+        endpoints = build_endpoints(
+            ports, spec.regions, prometheus_regions=prometheus_regions, source=source
+        )
         spec_path = options.spec_path.resolve() if options.spec_path else None
         commands = build_part_commands(
             spec, endpoints, layout, spec_path, options.rate, options.seed
         )
-        source = (
+        spec_name = (
             "slo/specs/default.yaml" if spec_path is None else spec_path.name
         )  # as `redline generate` names it
-        write_configs(layout, spec, source, endpoints, commands)
+        write_configs(layout, spec, spec_name, endpoints, commands)
         state = StackState(
             run_dir=str(layout.root),
             spec=str(spec_path) if spec_path else None,
@@ -349,6 +374,7 @@ def start_stack(
             host=endpoints.host,
             regions=list(spec.regions),
             prometheus_regions=list(prometheus_regions),
+            source=source,
             ports=ports,
             rate=options.rate,
             seed=options.seed,

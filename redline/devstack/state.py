@@ -16,8 +16,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from redline.devstack.config import build_source_spec
 from redline.devstack.errors import StackError
-from redline.devstack.layout import Endpoints, StackLayout, build_endpoints
+from redline.devstack.layout import GATEWAY_SOURCE, Endpoints, StackLayout, build_endpoints
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import Spec
 
@@ -57,6 +58,11 @@ class StackState(BaseModel):
         default_factory=list,
         description="Regions with their own Prometheus, federated by the global one.",
     )
+    source: str = Field(
+        GATEWAY_SOURCE,
+        description="redline-gateway (the gateway in the path), or the engine profile the "
+        "simulators publish with no gateway (`redline up --source`).",
+    )
     ports: dict[str, int]
     rate: float
     seed: int
@@ -69,15 +75,18 @@ class StackState(BaseModel):
 
     def endpoints(self) -> Endpoints:
         """The URLs of this run."""
-        return build_endpoints(self.ports, self.regions, self.host, self.prometheus_regions)
+        return build_endpoints(
+            self.ports, self.regions, self.host, self.prometheus_regions, self.source
+        )
 
     def layout(self) -> StackLayout:
         """The run directory's layout."""
         return StackLayout(Path(self.run_dir))
 
     def load_spec(self) -> Spec:
-        """The spec this run was started with, local profile applied."""
-        return apply_profile(load_spec(self.spec).spec, "local")
+        """The spec this run was started with, local profile applied, as its source runs it
+        (`build_source_spec`: an engine's profile, no reroute without the gateway)."""
+        return build_source_spec(apply_profile(load_spec(self.spec).spec, "local"), self.source)
 
 
 def read_state(layout: StackLayout) -> StackState | None:
@@ -123,14 +132,26 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
     e = state.endpoints()
     layout = state.layout()
     regional = [(f"Prometheus {r}", e.regional_prometheus_url(r)) for r in e.prometheus_regions]
+    if e.has_gateway:
+        serving = [("Gateway (OpenAI API)", f"{e.gateway_url}/v1/chat/completions")]
+        simulators = [
+            (f"Simulator {r}", e.simulator_url(r) + "  (/admin/faults)") for r in e.regions
+        ]
+    else:
+        serving = [("Clients send to (OpenAI API)", f"{e.client_url}/v1/chat/completions")]
+        simulators = [
+            (f"Simulator {r} ({e.source}, no gateway)",
+             e.simulator_url(r) + f"  (/metrics: {e.source}'s series, /admin/faults)")
+            for r in e.regions
+        ]  # fmt: skip
     rows = [
         ("Prometheus (global)" if e.federated else "Prometheus", e.prometheus_url),
         *regional,
         ("Alertmanager", e.alertmanager_url),
         ("Remediation receiver", f"{e.receiver_url}  (POST /alerts, GET /jobs)"),
-        ("Gateway (OpenAI API)", f"{e.gateway_url}/v1/chat/completions"),
+        *serving,
         ("Exporters", f"{e.exporters_url}/metrics"),
-        *((f"Simulator {r}", e.simulator_url(r) + "  (/admin/faults)") for r in e.regions),
+        *simulators,
         ("Redis", e.redis_url),
         ("Milvus Lite primary", e.milvus_primary_uri),
         ("Milvus Lite replica", e.milvus_replica_uri),

@@ -1,5 +1,10 @@
 """The latency drill: the primary region's P99 over the red line -> RedLineLatencyP99 -> the
-reroute playbook moves traffic to the secondary -> P99 fine again -> routing restored."""
+reroute playbook moves traffic to the secondary -> P99 fine again -> routing restored.
+
+In a stack without redline's gateway (`redline up --source vllm`) nothing can reroute: the
+spec's latency red line has no playbook there (`build_source_spec`), so the alert pages a human
+and the receiver acknowledges it in the audit trail; the drill checks that no routing override
+was set, plays the human by removing the fault, and times the recovery."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from redline.devstack.drills.waits import (
     budget_for,
     require_quiet,
     run_playbook_loop,
+    wait_acknowledged,
     wait_firing,
     wait_job,
     wait_job_done,
@@ -24,7 +30,10 @@ LATENCY_FAULT_SECONDS = 0.9
 
 
 def drill_latency(ctx: DrillContext) -> DrillResult:
-    """Primary P99 over the red line -> RedLineLatencyP99 -> reroute -> P99 fine via secondary."""
+    """Primary P99 over the red line -> RedLineLatencyP99 -> reroute -> P99 fine via secondary
+    (without a gateway: -> paged, acknowledged -> fault removed -> P99 fine again)."""
+    if not ctx.endpoints.has_gateway:
+        return _drill_latency_paged(ctx)
     spec = ctx.spec
     red = spec.red_lines.latency_p99
     primary, secondary = ctx.endpoints.regions[0], ctx.endpoints.regions[1]
@@ -82,6 +91,71 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
         ctx.probe.set_faults(primary, saved)
         store.close()
     result.lost_detail = "n/a: a reroute moves requests, it writes no data"
+    return result
+
+
+def _drill_latency_paged(ctx: DrillContext) -> DrillResult:
+    """No gateway: the breach pages a human (no playbook), nothing is rerouted; the fault's
+    removal is the repair and the alert resolves once the slow requests leave the window."""
+    spec = ctx.spec
+    red = spec.red_lines.latency_p99
+    primary = ctx.endpoints.regions[0]
+    result = DrillResult(
+        "latency", "RedLineLatencyP99", red.playbook, budget_for(ctx, red.for_seconds)
+    )
+    if red.playbook is not None:
+        raise DrillError(
+            f"red_lines.latency_p99.playbook is {red.playbook!r}, but the {ctx.endpoints.source} "
+            "stack has no gateway: its spec pages a human on this red line (no playbook)"
+        )
+    labels = {"region": primary}
+    require_quiet(ctx, result, labels)
+    store = RoutingStore.from_url(ctx.endpoints.redis_url, regions=tuple(ctx.endpoints.regions))
+    saved = ctx.probe.faults(primary)
+    try:
+        slow = {**saved, "latency": {"base_seconds": LATENCY_FAULT_SECONDS, "jitter": "none"}}
+        result.fault = f"{primary}: +{LATENCY_FAULT_SECONDS} s on every request"
+        result.fault_at = time.time()
+        ctx.probe.set_faults(primary, slow)
+        result.condition_delay = LATENCY_FAULT_SECONDS
+        result.condition_basis = "the first slow request completes one injected latency later"
+        ctx.say(result.drill, f"fault injected: {result.fault}")
+        wait_firing(ctx, result, labels, 60.0)
+        result.notified_at = wait_acknowledged(ctx, result, labels, "firing", 60.0)
+        ctx.say(result.drill, "paged: the receiver acknowledged the alert (no playbook)")
+        override = store.get_override()
+        result.check(
+            "nothing rerouted (no gateway in the path)",
+            override is None,
+            f"routing override: {override.target_region if override else None}",
+        )
+        ctx.say(result.drill, f"repairing {primary} (fault removed, as the paged human would)")
+        ctx.probe.set_faults(primary, saved)
+        restored = ctx.probe.faults(primary)
+        result.remediated_at = time.time()
+        result.check(
+            f"{primary} fault removed",
+            restored.get("latency") == saved.get("latency"),
+            f"latency knobs: {restored.get('latency')}",
+        )
+        wait_recovered(ctx, result, labels, parse_duration(red.window) + 60.0)
+        result.resolved_notified_at = wait_acknowledged(ctx, result, labels, "resolved", 30.0)
+        record = p99_record(spec)
+        threshold = red.threshold_seconds
+        p99 = ctx.probe.value(f'{record}{{region="{primary}"}}')
+        result.check(
+            f"P99 of {primary} under the red line again",
+            p99 is not None and p99 <= threshold,
+            f"{p99} s <= {threshold} s",
+        )
+    finally:
+        ctx.probe.set_faults(primary, saved)
+        store.close()
+    result.notes.append(
+        f"no gateway in the {ctx.endpoints.source} stack: nothing can reroute, so the red line "
+        "pages a human (no playbook); the drill removes the fault as that human would"
+    )
+    result.lost_detail = "n/a: no data is written"
     return result
 
 

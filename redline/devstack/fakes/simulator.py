@@ -30,6 +30,11 @@ Conventions:
   after start: until then `/v1/models` lists nothing and completions answer 503.
 - `/admin/stats` counts completions per `x-request-id` (the last 10 000 ids), so a test can prove
   a request ran once.
+- With `metrics_profile` set (`vllm`: `redline up --source vllm`), `/metrics` is the engine's own
+  exposition (`redline.devstack.fakes.engines`) of the chat requests served, labelled with the
+  model each named (the adapter for a LoRA request): latency from arrival to the last byte
+  (a stream's end), time to first token, tokens, status; a stream the client abandons is an
+  abort. Dry runs and requests refused by an outage count nowhere.
 
 Fault knobs (`GET`/`POST /admin/faults`, the `Faults` model; a POST replaces every knob, 422 on
 bad input): added latency (base + uniform or lognormal jitter), error rate and status, outage
@@ -47,10 +52,11 @@ import json
 import math
 import random
 import re
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -58,12 +64,17 @@ from typing import Any, Literal, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 # Re-exported: tests and benchmarks serve the simulator with these under this module's name.
 from redline.core.servers import ServerThread as ServerThread
 from redline.core.servers import serve_in_thread as serve_in_thread
 from redline.core.settings import ServiceSettings
+from redline.devstack.fakes.engines import ABORTED, ENGINE_PROFILES, EngineMetrics
 from redline.platform.golden import MODEL_VERSION_HEADER, find_golden
 
 REGION_HEADER = "x-redline-region"
@@ -160,6 +171,19 @@ class SimulatorSettings(ServiceSettings):
     load_seconds: float = Field(
         0.0, ge=0, le=3600, description="Time after start until the model is loaded."
     )
+    metrics_profile: str | None = Field(
+        None,
+        description="Publish this engine's exposition on /metrics for the requests served "
+        "(an engine source profile, e.g. vllm); None: no /metrics.",
+    )
+
+    @field_validator("metrics_profile")
+    @classmethod
+    def _engine_profile(cls, value: str | None) -> str | None:
+        if value is not None and value not in ENGINE_PROFILES:
+            allowed = ", ".join(ENGINE_PROFILES)
+            raise ValueError(f"{value!r} is not an engine profile; allowed: {allowed}")
+        return value
 
 
 class SimulatorError(Exception):
@@ -301,6 +325,95 @@ def _problems(exc: ValidationError | RequestValidationError) -> list[str]:
     return lines
 
 
+def merge_families(families: Iterable[Metric]) -> list[Metric]:
+    """Families of several registries as one page: a series in more than one (the API server's,
+    which carry no model label) is added up (counters, histograms), its largest value kept
+    (gauges) or its earliest creation time (`_created`)."""
+    merged: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+    for family in families:
+        if family.name not in merged:
+            merged[family.name] = Metric(
+                family.name, family.documentation, family.type, family.unit
+            )
+            values[family.name] = {}
+        slots = values[family.name]
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            seen = slots.get(key)
+            if seen is None:
+                slots[key] = sample.value
+            elif sample.name.endswith("_created"):
+                slots[key] = min(seen, sample.value)
+            elif family.type in ("counter", "histogram", "summary"):
+                slots[key] = seen + sample.value
+            else:
+                slots[key] = max(seen, sample.value)
+    for name, family in merged.items():
+        for (sample_name, labels), value in values[name].items():
+            family.add_sample(sample_name, dict(labels), value)
+    return list(merged.values())
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+class EngineExposition:
+    """The engine's own `/metrics` of one simulator (`metrics_profile`): vLLM labels its series
+    with the model a request was served by, so there is an `EngineMetrics` per served model
+    name (the base model, each adapter), rendered as one page."""
+
+    def __init__(self, profile: str) -> None:
+        self.profile = profile
+        self.models: dict[str, EngineMetrics] = {}
+        self._lock = threading.Lock()
+
+    def add_model(self, model: str, lora: bool = False) -> EngineMetrics:
+        """The series of `model` (created on first use, so they show before any request)."""
+        with self._lock:
+            found = self.models.get(model)
+            if found is None:
+                adapters = (model,) if lora else ()
+                found = EngineMetrics(self.profile, model=model, lora_adapters=adapters)
+                self.models[model] = found
+            return found
+
+    def observe(
+        self,
+        model: str,
+        latency: float,
+        status: int,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        ttft: float | None = None,
+    ) -> None:
+        """Record one request the engine answered (`status` as the client saw it; 499: the
+        client went away mid-stream)."""
+        self.add_model(model).observe(
+            max(latency, 0.0),
+            status=status,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            ttft_seconds=None if ttft is None else min(max(ttft, 0.0), max(latency, 0.0)),
+        )
+
+    def render(self) -> bytes:
+        """The text exposition (format 0.0.4)."""
+        with self._lock:
+            engines = list(self.models.values())
+        if len(engines) == 1:
+            return engines[0].render()
+        registry = CollectorRegistry(auto_describe=False)
+        families = [family for engine in engines for family in engine.registry.collect()]
+        registry.register(_Families(merge_families(families)))
+        return generate_latest(registry)
+
+
 @dataclass
 class SimulatorState:
     """Mutable state of one simulator app: faults, loaded adapters, counters, the dice."""
@@ -314,6 +427,7 @@ class SimulatorState:
     request_ids: dict[str, int] = field(default_factory=dict)
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     loaded_at: float = 0.0
+    engine: EngineExposition | None = None
 
     def loaded(self) -> bool:
         """True once the model has finished loading."""
@@ -352,6 +466,11 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             state.adapters[name] = _load_adapter(name, path)
         except _AdapterError as exc:
             raise SimulatorError(f"adapters.{name}: {exc.message}") from None
+    if settings.metrics_profile is not None:
+        state.engine = EngineExposition(settings.metrics_profile)
+        state.engine.add_model(state.base.name)
+        for name in state.adapters:
+            state.engine.add_model(name, lora=True)
 
     app = FastAPI(title=f"redline upstream simulator ({settings.region})", docs_url=None)
     app.state.simulator = state
@@ -391,6 +510,16 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             return down
         return JSONResponse({"status": "ok", "region": settings.region}, headers=headers())
 
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        if state.engine is None:
+            return _error(404, "no metrics_profile: this simulator publishes no /metrics",
+                          "NotFoundError")  # fmt: skip
+        down = await outage(request)  # a region that is down has no /metrics either
+        if down is not None:
+            return down
+        return Response(state.engine.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         down = await outage(request)
@@ -422,6 +551,8 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             state.adapters[parsed.lora_name] = _load_adapter(parsed.lora_name, parsed.lora_path)
         except _AdapterError as exc:
             return _error(exc.status, exc.message, exc.kind)
+        if state.engine is not None:
+            state.engine.add_model(parsed.lora_name, lora=True)
         return PlainTextResponse(
             f"Success: LoRA adapter '{parsed.lora_name}' added successfully.", headers=headers()
         )
@@ -450,9 +581,17 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
+        started = time.monotonic()
         down = await outage(request)
         if down is not None:
-            return down
+            return down  # the engine is down: it sees (and counts) nothing
+        seen = _Seen(state.base.name, started)
+        response = await complete(request, seen)
+        if state.engine is not None and not seen.dry_run and not seen.streaming:
+            seen.record(state.engine, response.status_code)
+        return response
+
+    async def complete(request: Request, seen: _Seen) -> Response:
         parsed = await _parse(request, ChatRequest)
         if isinstance(parsed, Response):
             return parsed
@@ -479,6 +618,7 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             return _error(
                 404, f"The model `{parsed.model}` does not exist.", "NotFoundError", "model"
             )
+        seen.model = served.name
         max_tokens = parsed.max_completion_tokens or parsed.max_tokens
         max_tokens = max_tokens or settings.default_max_tokens
         if max_tokens > settings.max_model_len:
@@ -501,6 +641,8 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             return _error(faults.error_status, "injected fault", "InternalServerError")
         prompt_tokens = sum(count_tokens(m.text()) for m in parsed.messages)
         if dry_run:
+            # Not a vLLM request (a health probe of this simulator): no engine series count it.
+            seen.dry_run = True
             state.counts["dry_runs"] += 1
             body = {
                 "object": "chat.completion.dry_run",
@@ -536,9 +678,10 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
             "completion_tokens": len(tokens),
             "total_tokens": prompt_tokens + len(tokens),
         }
+        seen.prompt_tokens, seen.completion_tokens = prompt_tokens, len(tokens)
         if parsed.stream:
             include_usage = bool(parsed.stream_options and parsed.stream_options.include_usage)
-            events = _stream(
+            events: AsyncGenerator[bytes, None] = _stream(
                 completion_id,
                 created,
                 parsed.model,
@@ -548,13 +691,19 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
                 faults.tokens_per_second,
                 joiner,
             )
+            if state.engine is not None:
+                seen.streaming = True
+                events = _observed(events, seen, state.engine)
             return StreamingResponse(
                 events,
                 media_type="text/event-stream",
                 headers={**headers(served), "cache-control": "no-cache"},
             )
         if faults.tokens_per_second is not None and tokens:
+            seen.first_token_at = time.monotonic() + 1 / faults.tokens_per_second
             await asyncio.sleep(len(tokens) / faults.tokens_per_second)
+        else:
+            seen.first_token_at = time.monotonic()
         body = {
             "id": completion_id,
             "object": "chat.completion",
@@ -594,6 +743,50 @@ def build_simulator_app(settings: SimulatorSettings) -> FastAPI:
         }
 
     return app
+
+
+@dataclass
+class _Seen:
+    """What the engine's series record of one chat request."""
+
+    model: str
+    started: float
+    dry_run: bool = False
+    streaming: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+
+    def record(self, engine: EngineExposition, status: int) -> None:
+        """Count the request, its latency measured until now."""
+        now = time.monotonic()
+        first = self.first_token_at
+        engine.observe(
+            self.model,
+            now - self.started,
+            status,
+            self.prompt_tokens,
+            self.completion_tokens,
+            None if first is None else first - self.started,
+        )
+
+
+async def _observed(
+    events: AsyncGenerator[bytes, None], seen: _Seen, engine: EngineExposition
+) -> AsyncGenerator[bytes, None]:
+    """The stream, counted once it ends: its first content chunk is the first token; a client
+    that goes away before `[DONE]` is an abort (499)."""
+    status = ABORTED
+    try:
+        index = 0
+        async for chunk in events:
+            if index == 1:  # the first chunk only carries the assistant role
+                seen.first_token_at = time.monotonic()
+            index += 1
+            yield chunk
+        status = 200
+    finally:
+        seen.record(engine, status)
 
 
 def _card(model: ServedModel, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
