@@ -174,6 +174,16 @@ def demo(
         float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
     ] = 50.0,
     regions: RegionsOpt = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--source",
+            help="Whose metrics feed the rules in the local stack (redline-gateway, or vllm: "
+            "no gateway, the simulators publish vLLM's exposition). Default: the spec's "
+            "sources.profile.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Generate and check everything, start the local stack, run every drill, print timings.
 
@@ -199,7 +209,7 @@ def demo(
         return
     from redline.cli.stack import run_demo
 
-    run_demo(run_dir, spec, once, rate, regions)
+    run_demo(run_dir, spec, once, rate, regions, source)
 
 
 sources_cli.register(app)  # light (the spec model only): registered eagerly, like validate

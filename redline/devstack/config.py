@@ -220,13 +220,17 @@ def _spec_fields(spec_path: Path | None) -> dict[str, Any]:
     return {"spec": str(spec_path) if spec_path is not None else None, "profile": "local"}
 
 
-def build_gateway_settings(endpoints: Endpoints, spec_path: Path | None) -> dict[str, Any]:
-    """Settings of the gateway: every region's simulator in failover order."""
+def build_gateway_settings(
+    endpoints: Endpoints, spec_path: Path | None, snapshots_dir: Path | None = None
+) -> dict[str, Any]:
+    """Settings of the gateway: every region's simulator in failover order, and the snapshot
+    registry it stamps each request's `model_version` from (not the upstream's header)."""
     return {
         "host": endpoints.host,
         "port": endpoints.ports["gateway"],
         "redis_url": endpoints.redis_url,
         **_spec_fields(spec_path),
+        **({"snapshots_root": str(snapshots_dir)} if snapshots_dir is not None else {}),
         "upstreams": endpoints.upstreams,
         "first_byte_budget_seconds": 1.0,
         "log_level": "warning",
@@ -436,11 +440,11 @@ def build_part_commands(
         )
         for index, region in enumerate(endpoints.regions)
     ]
-    # The reroute's hold-down occupies a worker while it waits: run three in two processes.
+    # Three workers in two processes: jobs keep flowing while one process restarts.
     receiver = build_remediation_settings(endpoints, layout, spec_path, workers=1)
     workers = build_remediation_settings(endpoints, layout, spec_path, workers=2)
     if endpoints.has_gateway:
-        gateway = build_gateway_settings(endpoints, spec_path)
+        gateway = build_gateway_settings(endpoints, spec_path, layout.snapshots_dir)
         commands.append(command(GATEWAY_PART, ("gateway",), gateway))
     commands += [
         command("remediation", ("remediation",), receiver),
