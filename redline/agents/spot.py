@@ -8,6 +8,11 @@ Redis and its series on `/metrics`.
 - `SpotAgent`: the notice watchers and the flow thread;
 - `build_agent_app`: `/metrics`, `/state`, `/healthz` and `POST /notice` (the manual trigger).
 
+`POST /notice` requires a bearer token: `admin_token_file` (or `REDLINE_ADMIN_TOKEN`), else the
+gateways' token (`gateway_token_file` / `REDLINE_GATEWAY_TOKEN`, the token the agent already
+holds); with `admin_open` it takes none (a WARNING at start-up); with no token at all it answers
+403 saying how to configure one. `/metrics`, `/state` and `/healthz` are read-only and open.
+
 Series: `llm_node_state{node,state}` (1 for the current state), the histogram
 `llm_spot_notice_to_draining_seconds{node,provider}`, `llm_spot_replacement_ready_latency_seconds
 {node,provider}` (TERMINATING -> RECOVERED; while still waiting, the time waited so far, so an
@@ -19,7 +24,6 @@ alert can fire on a replacement that never becomes ready), `llm_spot_drain_budge
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import queue
 import threading
@@ -37,13 +41,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.metrics import Counter, Histogram
 from prometheus_client.registry import Collector
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
 from redline.platform.routing import RoutingStore
 from redline.platform.spot import (
     DEFAULT_STATE_PREFIX,
+    AdminAuth,
     AwsImdsSource,
     Clock,
     GatewayAdmin,
@@ -67,6 +72,12 @@ from redline.slo.spec import Spot
 log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_PORT = 9110
+ADMIN_HOWTO = (
+    "Set admin_token_file (redline spot-agent run --admin-token-file FILE) or the "
+    "REDLINE_ADMIN_TOKEN variable (else the gateways' token, gateway_token_file, is used) and "
+    "send 'Authorization: Bearer <token>' (redline spot-agent trigger --token-file FILE); or, on "
+    "a trusted network only, set admin_open: true (--admin-open)."
+)
 RECHECK_SECONDS = 10.0
 """How often an agent whose replacement missed the readiness timeout checks it again."""
 
@@ -160,6 +171,22 @@ class SpotAgentSettings(ServiceSettings):
     gateway_token_file: Path | None = Field(
         None, description="File with the gateways' admin bearer token."
     )
+    gateway_token: SecretStr | None = Field(
+        None, description="The gateways' admin token itself (env REDLINE_GATEWAY_TOKEN)."
+    )
+    admin_token_file: Path | None = Field(
+        None,
+        description="File with the bearer token POST /notice requires (unset: the gateways' "
+        "token; with no token and no admin_open, /notice answers 403).",
+    )
+    admin_token: SecretStr | None = Field(
+        None, description="The /notice token itself (env REDLINE_ADMIN_TOKEN; the file wins)."
+    )
+    admin_open: bool = Field(
+        False,
+        description="Serve POST /notice without a token (logged as a warning at start-up; a "
+        "trusted network or tests only). Exclusive with admin_token(_file).",
+    )
     model: str | None = Field(
         None, description="Model the readiness gate expects (None: the first one listed)."
     )
@@ -189,6 +216,33 @@ class SpotAgentSettings(ServiceSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{url!r} is not an http(s) URL")
         return value
+
+    @model_validator(mode="after")
+    def _check_admin(self) -> SpotAgentSettings:
+        if self.admin_open and (self.admin_token_file is not None or self.admin_token):
+            raise ValueError(
+                "admin_open: true and an admin token (admin_token_file or REDLINE_ADMIN_TOKEN) "
+                "are exclusive; keep the token, or remove it to open /notice"
+            )
+        return self
+
+    def resolve_tokens(self) -> tuple[str | None, str | None]:
+        """(the gateways' token, the /notice token): files first, then env, the /notice one
+        falling back to the gateways'; SpotAgentError when a file is unreadable or empty."""
+        try:
+            gateway = read_secret(self.gateway_token_file, self.gateway_token, "gateway token")
+            admin = read_secret(self.admin_token_file, self.admin_token, "admin token")
+        except SettingsError as exc:
+            raise SpotAgentError(str(exc)) from None
+        gateway_token = None if gateway is None else gateway.get_secret_value().strip() or None
+        admin_token = None if admin is None else admin.get_secret_value().strip() or None
+        if admin is not None and admin_token is None:
+            raise SpotAgentError("admin token (REDLINE_ADMIN_TOKEN) is empty")
+        if gateway is not None and gateway_token is None:
+            raise SpotAgentError("gateway token (REDLINE_GATEWAY_TOKEN) is empty")
+        if admin_token is None and not self.admin_open:
+            admin_token = gateway_token
+        return gateway_token, admin_token
 
 
 class ManualNotice(BaseModel):
@@ -334,6 +388,13 @@ def build_sources(
     return sources, manual
 
 
+def build_agent_auth(settings: SpotAgentSettings) -> tuple[str | None, AdminAuth]:
+    """The token the agent sends to the gateways, and the check of its own `POST /notice`;
+    SpotAgentError when a token is unusable."""
+    token, admin_token = settings.resolve_tokens()
+    return token, AdminAuth("spot agent", admin_token, settings.admin_open, ADMIN_HOWTO)
+
+
 def build_agent_app(
     settings: SpotAgentSettings, spot: Spot, registry: CollectorRegistry | None = None
 ) -> FastAPI:
@@ -341,11 +402,7 @@ def build_agent_app(
     if settings.node is None:
         raise SpotAgentError("node: required (--node NAME, the node's upstream name)")
     node = settings.node
-    try:
-        secret = read_secret(settings.gateway_token_file, None, "gateway admin token")
-    except SettingsError as exc:
-        raise SpotAgentError(str(exc)) from None
-    token = None if secret is None else secret.get_secret_value()
+    token, auth = build_agent_auth(settings)
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     client = httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False)
     store = SpotStateStore.from_url(settings.redis_url, settings.state_key_prefix)
@@ -386,6 +443,7 @@ def build_agent_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        auth.announce(log)  # here, once logging is set up and the banner printed
         refresh()
         agent.start()
         try:
@@ -426,10 +484,11 @@ def build_agent_app(
 
     @app.post("/notice")
     async def notice(request: Request) -> Response:
-        if token is not None:
-            presented = request.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(presented, f"Bearer {token}".encode()):
-                return JSONResponse({"detail": "missing or wrong bearer token"}, status_code=401)
+        refused = auth.check(request.headers.get("authorization"))
+        if refused is not None:
+            return JSONResponse(
+                {"detail": refused.message}, status_code=refused.status, headers=refused.headers
+            )
         try:
             body = ManualNotice.model_validate(await request.json())
         except ValueError as exc:
@@ -447,5 +506,6 @@ __all__ = [
     "SpotAgentMetrics",
     "SpotAgentSettings",
     "build_agent_app",
+    "build_agent_auth",
     "build_sources",
 ]

@@ -92,6 +92,20 @@ def gateway(
         float | None,
         typer.Option("--first-byte-budget", help="Seconds before rerouting a silent upstream."),
     ] = None,
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--admin-token-file",
+            help="File with the bearer token /admin requires (or env REDLINE_ADMIN_TOKEN).",
+        ),
+    ] = None,
+    admin_open: Annotated[
+        bool,
+        typer.Option(
+            "--admin-open",
+            help="Serve /admin without a token (a warning; trusted networks and tests only).",
+        ),
+    ] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway with cross-region reroute and /metrics."""
@@ -106,6 +120,8 @@ def gateway(
             profile=profile,
             upstreams=parse_upstreams(upstream) if upstream else None,
             first_byte_budget_seconds=first_byte_budget,
+            admin_token_file=admin_token_file,
+            admin_open=admin_open or None,  # unset: the config file or env decides
         )
     except SettingsError as exc:
         raise fail(str(exc)) from None

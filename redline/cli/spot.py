@@ -8,16 +8,18 @@ Exit codes: 0 ok; 1 the agent or node answered an error; 2 bad settings or argum
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
 import httpx
 import redis
 import typer
+from pydantic import SecretStr
 
 from redline.agents.spot import DEFAULT_AGENT_PORT, SpotAgentSettings, build_agent_app
 from redline.cli.common import ConfigOpt, HostOpt, PortOpt, err, fail, out, serve
-from redline.core.settings import SettingsError, load_settings
+from redline.core.settings import SettingsError, load_settings, read_secret
 from redline.devstack.fakes.metadata_server import (
     DEFAULT_METADATA_PORT,
     MetadataSettings,
@@ -62,6 +64,28 @@ def run(
     time_scale: Annotated[
         float | None, typer.Option("--time-scale", help="Scale the spec's spot durations.")
     ] = None,
+    gateway_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--gateway-token-file",
+            help="File with the gateways' admin token (or env REDLINE_GATEWAY_TOKEN).",
+        ),
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--admin-token-file",
+            help="File with the token POST /notice requires (or env REDLINE_ADMIN_TOKEN; "
+            "default: the gateways' token).",
+        ),
+    ] = None,
+    admin_open: Annotated[
+        bool,
+        typer.Option(
+            "--admin-open",
+            help="Serve POST /notice without a token (a warning; trusted networks and tests).",
+        ),
+    ] = False,
     host: HostOpt = None,
     port: PortOpt = None,
     config: ConfigOpt = None,
@@ -79,6 +103,9 @@ def run(
             redis_url=redis_url,
             spec=spec,
             time_scale=time_scale,
+            gateway_token_file=gateway_token_file,
+            admin_token_file=admin_token_file,
+            admin_open=admin_open or None,  # unset: the config file or env decides
             host=host,
             port=port,
         )
@@ -108,12 +135,25 @@ def trigger(
         float, typer.Option("--in-seconds", help="Seconds until the node goes away.")
     ] = 120.0,
     reason: Annotated[str, typer.Option("--reason", help="Why (recorded).")] = "manual trigger",
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file", help="File with the agent's bearer token (or env REDLINE_ADMIN_TOKEN)."
+        ),
+    ] = None,
 ) -> None:
     """Hand the agent a manual interruption notice (drills, tests, planned maintenance)."""
+    env_token = os.environ.get("REDLINE_ADMIN_TOKEN")
+    try:
+        token = read_secret(token_file, SecretStr(env_token) if env_token else None, "token")
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+    headers = {} if token is None else {"authorization": f"Bearer {token.get_secret_value()}"}
     try:
         response = httpx.post(
             f"{agent_url.rstrip('/')}/notice",
             json={"in_seconds": in_seconds, "reason": reason},
+            headers=headers,
             timeout=10.0,
         )
     except httpx.HTTPError as exc:

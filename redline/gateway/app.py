@@ -7,7 +7,11 @@ attempt, so a request that failed over from the primary carries the failed attem
 Routes: `/v1/chat/completions` and `/v1/completions` (proxied with reroute,
 `redline.gateway.proxy`), `/v1/models` (proxied, not recorded), `/metrics`, `/healthz`, and the
 spot endpoints `/admin/spot/drain`, `/admin/spot/release` and `/admin/spot/nodes/{node}`
-(`redline.gateway.spot`), which take a bearer token when `admin_token_file` is set.
+(`redline.gateway.spot`). Every `/admin` endpoint requires the bearer token of
+`admin_token_file` (or `REDLINE_ADMIN_TOKEN`), checked in constant time before anything else;
+with `admin_open` it takes none (a WARNING at start-up); with neither it answers 403 saying how
+to configure one. `/healthz`, `/metrics` and the proxied routes are never guarded, and the
+check is not on the proxy's path.
 
 No `_created` series are exposed unless `created_series`: prometheus-client's switch for them is
 process-wide and read at every scrape, so building the app sets it for the whole process (one
@@ -18,13 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,15 +37,34 @@ from prometheus_client import (
 from pydantic import BaseModel, ValidationError
 
 from redline.core.created import apply_created_series
-from redline.core.settings import SettingsError, read_secret
 from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.proxy import Gateway, openai_error
 from redline.gateway.settings import GatewayConfigError, GatewaySettings
 from redline.gateway.spot import SpotDrainRequest, SpotReleaseRequest
+from redline.platform.spot import AdminAuth, AdminRefusal
 from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
+
+ADMIN_HOWTO = (
+    "Set admin_token_file (redline gateway --admin-token-file FILE) or the REDLINE_ADMIN_TOKEN "
+    "variable and send 'Authorization: Bearer <token>'; or, on a trusted network only, set "
+    "admin_open: true (--admin-open) to serve /admin without a token."
+)
+
+
+class AdminRefusedError(Exception):
+    """An `/admin` request without the right token (answered by the app's handler)."""
+
+    def __init__(self, refusal: AdminRefusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+def build_admin_auth(settings: GatewaySettings) -> AdminAuth:
+    """The check every `/admin` endpoint runs; GatewayConfigError when the token is unusable."""
+    return AdminAuth("gateway", settings.resolve_admin_token(), settings.admin_open, ADMIN_HOWTO)
 
 
 async def _parse_admin(request: Request, model: type[_M]) -> _M | Response:
@@ -78,6 +100,7 @@ def build_gateway_app(
             ", ".join(unknown),
             ", ".join(spec.regions),
         )
+    auth = build_admin_auth(settings)  # an unusable token file stops the build, before serving
     apply_created_series(settings.created_series)
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
     metrics = GatewayMetrics(
@@ -90,6 +113,7 @@ def build_gateway_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        auth.announce(log)  # here, once logging is set up and the banner printed
         await gateway.start()
         refresher = asyncio.create_task(gateway.refresh_forever(), name="routing-refresh")
         try:
@@ -103,52 +127,48 @@ def build_gateway_app(
     app = FastAPI(title="redline gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
     app.state.registry = registry
-    try:
-        secret = read_secret(settings.admin_token_file, None, "gateway admin token")
-    except SettingsError as exc:
-        raise GatewayConfigError(str(exc)) from None
-    admin_token = None if secret is None else secret.get_secret_value()
 
-    def admin_refusal(request: Request, node: str | None) -> Response | None:
-        if admin_token is not None:
-            presented = request.headers.get("authorization", "")
-            expected = f"Bearer {admin_token}"
-            if not hmac.compare_digest(presented.encode(), expected.encode()):
-                return openai_error(401, "missing or wrong bearer token", "AuthenticationError")
-        if node is not None and node not in gateway.regions:
-            return openai_error(
-                404,
-                f"unknown node {node!r}; upstreams: {', '.join(gateway.regions)}",
-                "NotFoundError",
-            )
-        return None
+    def unknown_node(node: str) -> Response | None:
+        if node in gateway.regions:
+            return None
+        return openai_error(
+            404, f"unknown node {node!r}; upstreams: {', '.join(gateway.regions)}", "NotFoundError"
+        )
 
-    @app.post("/admin/spot/drain")
+    @app.exception_handler(AdminRefusedError)
+    async def admin_refused(request: Request, exc: AdminRefusedError) -> Response:
+        answer = openai_error(exc.refusal.status, exc.refusal.message, exc.refusal.kind)
+        answer.headers.update(exc.refusal.headers)
+        return answer
+
+    async def require_admin(request: Request) -> None:
+        refusal = auth.check(request.headers.get("authorization"))
+        if refusal is not None:
+            raise AdminRefusedError(refusal)
+
+    # Every route under /admin is guarded by the router, before its body is read or its node
+    # looked up: a caller without the token learns nothing, not even which nodes exist.
+    admin = APIRouter(prefix="/admin", dependencies=[Depends(require_admin)])
+
+    @admin.post("/spot/drain")
     async def spot_drain(request: Request) -> Response:
         parsed = await _parse_admin(request, SpotDrainRequest)
         if isinstance(parsed, Response):
-            return admin_refusal(request, None) or parsed
-        refused = admin_refusal(request, parsed.node)
-        if refused is not None:
-            return refused
-        return JSONResponse(gateway.spot.drain(parsed))
+            return parsed
+        return unknown_node(parsed.node) or JSONResponse(gateway.spot.drain(parsed))
 
-    @app.post("/admin/spot/release")
+    @admin.post("/spot/release")
     async def spot_release(request: Request) -> Response:
         parsed = await _parse_admin(request, SpotReleaseRequest)
         if isinstance(parsed, Response):
-            return admin_refusal(request, None) or parsed
-        refused = admin_refusal(request, parsed.node)
-        if refused is not None:
-            return refused
-        return JSONResponse({"node": parsed.node, "released": gateway.spot.release(parsed.node)})
+            return parsed
+        return unknown_node(parsed.node) or JSONResponse(
+            {"node": parsed.node, "released": gateway.spot.release(parsed.node)}
+        )
 
-    @app.get("/admin/spot/nodes/{node}")
-    async def spot_node(node: str, request: Request) -> Response:
-        refused = admin_refusal(request, node)
-        if refused is not None:
-            return refused
-        return JSONResponse(gateway.spot.node_status(node))
+    @admin.get("/spot/nodes/{node}")
+    async def spot_node(node: str) -> Response:
+        return unknown_node(node) or JSONResponse(gateway.spot.node_status(node))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -169,5 +189,8 @@ def build_gateway_app(
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         return gateway.status()
+
+    # Last: the proxied routes are matched first, so the admin router costs them nothing.
+    app.include_router(admin)
 
     return app

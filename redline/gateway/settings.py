@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from redline.core.settings import ServiceSettings
+from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.routing import DEFAULT_PREFIX
 from redline.platform.spot import DEFAULT_LEDGER_PREFIX
 
@@ -61,7 +61,17 @@ class GatewaySettings(ServiceSettings):
     )
     created_series: bool = Field(False, description="Expose the `_created` series.")
     admin_token_file: Path | None = Field(
-        None, description="File with the bearer token /admin/spot requires (unset: no token)."
+        None,
+        description="File with the bearer token every /admin endpoint requires. With neither "
+        "it nor admin_token nor admin_open, /admin answers 403.",
+    )
+    admin_token: SecretStr | None = Field(
+        None, description="The admin bearer token itself (env REDLINE_ADMIN_TOKEN; the file wins)."
+    )
+    admin_open: bool = Field(
+        False,
+        description="Serve /admin without a token (logged as a warning at start-up; a trusted "
+        "network or tests only). Exclusive with a token.",
     )
     ledger_key_prefix: str = Field(
         DEFAULT_LEDGER_PREFIX, min_length=1, description="Key prefix of the request ledger."
@@ -123,3 +133,26 @@ class GatewaySettings(ServiceSettings):
         if unknown:
             raise ValueError(f"spill_regions {unknown} are not among the upstreams")
         return self
+
+    @model_validator(mode="after")
+    def _check_admin(self) -> GatewaySettings:
+        if self.admin_open and (self.admin_token_file is not None or self.admin_token):
+            raise ValueError(
+                "admin_open: true and an admin token (admin_token_file or REDLINE_ADMIN_TOKEN) "
+                "are exclusive; keep the token, or remove it to open /admin"
+            )
+        return self
+
+    def resolve_admin_token(self) -> str | None:
+        """The admin bearer token (file first, then env); None when neither is set;
+        GatewayConfigError when the file cannot be read or is empty."""
+        try:
+            secret = read_secret(self.admin_token_file, self.admin_token, "admin_token_file")
+        except SettingsError as exc:
+            raise GatewayConfigError(str(exc)) from None
+        if secret is None:
+            return None
+        token = secret.get_secret_value().strip()
+        if not token:
+            raise GatewayConfigError("admin_token (REDLINE_ADMIN_TOKEN) is empty")
+        return token

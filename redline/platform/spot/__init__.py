@@ -20,13 +20,14 @@ The flow, for one node (a serving replica the gateway calls an upstream):
 Modules: `errors`; `state` (node states, transitions, the node record, the notice); `drain`
 (budget, triage); `resume` (headers, retry safety, resume payload, the SSE spot error); `ledger`
 (the gateway's request ledger in Redis); `sources` (notice sources, metadata formats); `store`
-(node records in Redis); `admin` (the gateways' `/admin/spot` API); `readiness` (the replacement's
-readiness gate); `flow` (`SpotDrainFlow`: drain, wait drained, recover).
+(node records in Redis); `admin` (the gateways' `/admin/spot` API, and `AdminAuth`, the bearer-token
+check of the gateway's and the agent's admin endpoints); `readiness` (the replacement's readiness
+gate); `flow` (`SpotDrainFlow`: drain, wait drained, recover).
 """
 
 from __future__ import annotations
 
-from redline.platform.spot.admin import GatewayAdmin
+from redline.platform.spot.admin import AdminAuth, AdminMode, AdminRefusal, GatewayAdmin
 from redline.platform.spot.drain import (
     DrainBudget,
     InflightView,
@@ -95,6 +96,9 @@ from redline.platform.spot.store import DEFAULT_STATE_PREFIX, SpotStateStore
 
 __all__ = [
     "ATTEMPT_HEADER",
+    "AdminAuth",
+    "AdminMode",
+    "AdminRefusal",
     "AsyncRequestLedger",
     "AwsImdsSource",
     "CLAIM_NOT_FOUND",

@@ -65,10 +65,22 @@ def upstreams(sims: dict[str, ServerThread]) -> dict[str, str]:
     return {node: server.url for node, server in sims.items()}
 
 
+ADMIN_TOKEN = "spot-admin-t0ken"
+
+
 @pytest.fixture()
-def start_gateway(redis_url: str) -> Iterator[Callable[..., Gw]]:
+def start_gateway(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., Gw]]:
+    """Gateways whose /admin takes ADMIN_TOKEN, with clients that send it."""
+    token = tmp_path / "admin-token"
+    token.write_text(ADMIN_TOKEN + "\n")
     with gateway_starter(redis_url, Gw, 30.0) as start:
-        yield start
+
+        def start_with_token(upstreams: dict[str, str], **overrides: Any) -> Gw:
+            gw = start(upstreams, admin_token_file=token, **overrides)
+            gw.client.headers["authorization"] = f"Bearer {ADMIN_TOKEN}"
+            return gw
+
+        yield start_with_token
 
 
 def body(prompt: str, max_tokens: int, stream: bool = True, **extra: Any) -> dict[str, Any]:
@@ -385,29 +397,41 @@ def test_without_the_ledger_an_abort_is_not_recoverable(
 
 
 def test_admin_api_checks_token_node_and_body(
-    upstreams: dict[str, str], start_gateway: Callable[..., Gw], tmp_path: Path
+    upstreams: dict[str, str], start_gateway: Callable[..., Gw]
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    gw = start_gateway({"spot-a": upstreams["spot-a"]}, admin_token_file=token)
-    good = {"authorization": "Bearer s3cret"}
+    gw = start_gateway({"spot-a": upstreams["spot-a"]})
+    anonymous = {"authorization": ""}
     drain = {"node": "spot-a", "budget_seconds": 1}
-    assert gw.client.post("/admin/spot/drain", json=drain).status_code == 401
+    assert gw.client.post("/admin/spot/drain", json=drain, headers=anonymous).status_code == 401
     assert gw.client.post("/admin/spot/drain", json=drain,
                           headers={"authorization": "Bearer nope"}).status_code == 401  # fmt: skip
-    missing = gw.client.post("/admin/spot/drain", json={**drain, "node": "zz"}, headers=good)
+    assert gw.client.get("/admin/spot/nodes/spot-a", headers=anonymous).status_code == 401
+    missing = gw.client.post("/admin/spot/drain", json={**drain, "node": "zz"})
     assert missing.status_code == 404 and "upstreams: spot-a" in missing.text
-    bad = gw.client.post("/admin/spot/drain", json={"node": "spot-a", "budget_seconds": -1},
-                         headers=good)  # fmt: skip
+    bad = gw.client.post("/admin/spot/drain", json={"node": "spot-a", "budget_seconds": -1})
     assert bad.status_code == 422 and "budget_seconds" in bad.text
-    extra = gw.client.post("/admin/spot/drain", json={**drain, "junk": 1}, headers=good)
+    extra = gw.client.post("/admin/spot/drain", json={**drain, "junk": 1})
     assert extra.status_code == 422
-    assert gw.client.post("/admin/spot/drain", content=b"{", headers=good).status_code == 400
-    assert gw.client.get("/admin/spot/nodes/spot-a").status_code == 401
-    assert gw.client.post("/admin/spot/drain", json=drain, headers=good).status_code == 200
-    assert gw.client.get("/healthz").json()["draining"] == ["spot-a"]
+    assert gw.client.post("/admin/spot/drain", content=b"{").status_code == 400
+    assert gw.client.get("/healthz", headers=anonymous).json()["draining"] == []
+    assert gw.client.post("/admin/spot/drain", json=drain).status_code == 200
+    assert gw.client.get("/healthz", headers=anonymous).json()["draining"] == ["spot-a"]
     # The only upstream is drained: routing state alone never fails a request.
     assert stream(gw.client, body("last resort", 2)).status == 200
+
+
+def test_admin_api_without_a_token_is_closed_and_opens_only_with_the_flag(
+    upstreams: dict[str, str], redis_url: str
+) -> None:
+    drain = {"node": "spot-a", "budget_seconds": 1}
+    with gateway_starter(redis_url, Gw, 10.0) as start:
+        closed = start({"spot-a": upstreams["spot-a"]})
+        refused = closed.client.post("/admin/spot/drain", json=drain)
+        assert refused.status_code == 403 and "--admin-token-file" in refused.text
+        assert closed.client.get("/healthz").json()["draining"] == []
+        opened = start({"spot-a": upstreams["spot-a"]}, admin_open=True)
+        assert opened.client.post("/admin/spot/drain", json=drain).status_code == 200
+        assert opened.client.get("/healthz").json()["draining"] == ["spot-a"]
 
 
 def test_round_robin_over_spot_nodes_spills_to_on_demand_when_both_drain(

@@ -59,6 +59,7 @@ class Fleet:
     metadata: ServerThread
     agent: ServerThread
     client: httpx.Client
+    token_file: Path
 
     def metric(self, metric: catalog.Metric) -> float | None:
         text = self.client.get(f"{self.agent.url}/metrics").text
@@ -95,8 +96,16 @@ def agent_settings(redis_url: str, **values: Any) -> SpotAgentSettings:
     )
 
 
+def token_file(tmp_path: Path) -> Path:
+    """The gateway's admin token, which the agent and the playbook present."""
+    path = tmp_path / "gateway-admin-token"
+    path.write_text("spot-admin-t0ken\n")
+    return path
+
+
 @pytest.fixture()
-def fleet(redis_url: str) -> Iterator[Fleet]:
+def fleet(redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    token = token_file(tmp_path)
     sims = {
         node: serve_in_thread(build_simulator_app(SimulatorSettings(region=node, seed=i)))
         for i, node in enumerate(("spot-a", "ondemand"))
@@ -109,6 +118,7 @@ def fleet(redis_url: str) -> Iterator[Fleet]:
                 upstreams={n: s.url for n, s in sims.items()},
                 redis_url=redis_url,
                 routing_refresh_seconds=0.1,
+                admin_token_file=token,
             ),
             load_spec().spec,
         )
@@ -120,11 +130,12 @@ def fleet(redis_url: str) -> Iterator[Fleet]:
         metadata_url=metadata.url,
         upstream_url=sims["spot-a"].url,
         gateway_urls=[gateway.url],
+        gateway_token_file=token,
         act=False,
     )
     agent = serve_in_thread(build_agent_app(settings, scale_spot(load_spec().spec.spot, SCALE)))
     client = httpx.Client(timeout=15.0, trust_env=False)
-    yield Fleet(sims, gateway, metadata, agent, client)
+    yield Fleet(sims, gateway, metadata, agent, client, token)
     client.close()
     for server in (agent, metadata, gateway, *sims.values()):
         server.stop()
@@ -157,7 +168,8 @@ def test_spot_drain_playbook_drains_waits_for_the_replacement_and_reopens(
         serving={"gateway_url": fleet.gateway.url, "upstreams": {
             n: s.url for n, s in fleet.sims.items()}, "probe_model": BASE},
         playbook_options={"spot_drain": {"time_scale": SCALE, "poll_seconds": 0.05,
-                                         "readiness_timeout_seconds": 20}},
+                                         "readiness_timeout_seconds": 20,
+                                         "gateway_token_file": str(fleet.token_file)}},
     )  # fmt: skip
     replacer = threading.Timer(3.5, fleet.replace_spot)  # the node goes, a new one boots
     replacer.start()
@@ -212,21 +224,37 @@ def test_the_agent_acts_on_a_manual_trigger_from_the_cli(redis_url: str, tmp_pat
         node: serve_in_thread(build_simulator_app(SimulatorSettings(region=node, seed=i)))
         for i, node in enumerate(("spot-a", "ondemand"))
     }
+    token = token_file(tmp_path)
     gateway = serve_in_thread(
         build_gateway_app(
-            GatewaySettings(upstreams={n: s.url for n, s in sims.items()}, redis_url=redis_url),
+            GatewaySettings(
+                upstreams={n: s.url for n, s in sims.items()},
+                redis_url=redis_url,
+                admin_token_file=token,
+            ),
             load_spec().spec,
         )
     )
+    # No token of its own: POST /notice takes the gateways' token the agent holds.
     settings = agent_settings(
-        redis_url, provider="manual", upstream_url=sims["spot-a"].url, gateway_urls=[gateway.url]
+        redis_url,
+        provider="manual",
+        upstream_url=sims["spot-a"].url,
+        gateway_urls=[gateway.url],
+        gateway_token_file=token,
     )
     agent = serve_in_thread(build_agent_app(settings, scale_spot(load_spec().spec.spot, SCALE)))
     runner = CliRunner()
+    trigger = ["spot-agent", "trigger", "--agent-url", agent.url]
     try:
-        result = runner.invoke(
-            cli_app, ["spot-agent", "trigger", "--agent-url", agent.url, "--in-seconds", "2"]
-        )
+        anonymous = runner.invoke(cli_app, [*trigger, "--in-seconds", "2"])
+        assert anonymous.exit_code == 1 and "401" in anonymous.output
+        wrong = tmp_path / "wrong"
+        wrong.write_text("nope\n")
+        refused = runner.invoke(cli_app, [*trigger, "--token-file", str(wrong)])
+        assert refused.exit_code == 1 and "401" in refused.output
+        assert httpx.get(f"{agent.url}/state").json()["state"] == "ready"
+        result = runner.invoke(cli_app, [*trigger, "--in-seconds", "2", "--token-file", str(token)])
         assert result.exit_code == 0, result.output
         assert json.loads(result.output)["node"] == "spot-a"
 
@@ -256,8 +284,8 @@ def test_the_agent_acts_on_a_manual_trigger_from_the_cli(redis_url: str, tmp_pat
             ["promtool", "check", "metrics"], input=metrics, capture_output=True, text=True
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
-        bad = runner.invoke(cli_app, ["spot-agent", "trigger", "--agent-url", agent.url,
-                                      "--in-seconds", "-1"])  # fmt: skip
+        bad = runner.invoke(cli_app, [*trigger, "--in-seconds", "-1", "--token-file",
+                                      str(token)])  # fmt: skip
         assert bad.exit_code == 1 and "422" in bad.output
     finally:
         for server in (agent, gateway, *sims.values()):

@@ -21,6 +21,7 @@ address after `boot_seconds` (its model loads for another `boot_seconds`), healt
 from __future__ import annotations
 
 import functools
+import secrets
 import sys
 import threading
 import time
@@ -170,6 +171,10 @@ class SpotFleet:
         """Start every part; return once each answers."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         spec_file = self._write("spec", self.config.spec.model_dump(mode="json"))
+        # The gateway's admin API needs a token (secure by default); the agents present it.
+        admin_token = self.workdir / "config" / "admin-token"
+        admin_token.write_text(secrets.token_urlsafe(32) + "\n")
+        admin_token.chmod(0o600)
         self._clean_keys()
         argvs = {node: self._simulator_argv(node) for node in self.regions}
         processes = {
@@ -190,6 +195,7 @@ class SpotFleet:
                 "first_byte_budget_seconds": 5.0,
                 "first_byte_budget_streaming_only": True,
                 "log_level": "warning",
+                "admin_token_file": str(admin_token),
             },
         )
         gateway_argv = _redline("gateway", "--config", str(gateway_config))
@@ -212,6 +218,7 @@ class SpotFleet:
                     "metadata_url": self.metadata[node].url,
                     "upstream_url": self.url(node),
                     "gateway_urls": [self.gateway_url],
+                    "gateway_token_file": str(admin_token),
                     "model": MODEL,
                     "routing_key_prefix": f"{self.config.key_prefix}:routing",
                     "state_key_prefix": f"{self.config.key_prefix}:state",
