@@ -64,7 +64,16 @@ def _gauge(metric: catalog.Metric, value: float | None = None) -> GaugeMetricFam
     return GaugeMetricFamily(metric.family, metric.help, value=value)
 
 
-ALERTED_OUTCOMES = ("succeeded", "failed", "shadow", "over_budget", "breaker_open")
+ALERTED_OUTCOMES = (
+    "succeeded",
+    "failed",
+    "shadow",
+    "over_budget",
+    "breaker_open",
+    "paused",
+    "off",
+    "dry_run",
+)
 """Run outcomes exposed (at 0) before the first run of a playbook: an alert on
 `increase(...)` then sees the first failure too, not only the second."""
 

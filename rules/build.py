@@ -16,6 +16,7 @@ from redline.rules.families import (
     guards,
     recordings,
     red_lines,
+    remediation,
     rollback,
     rpo,
     slo,
@@ -63,6 +64,7 @@ FAMILIES = (
     Family("slo", slo.build_rules, slo.build_tests),
     Family("drift", drift.build_rules, drift.build_tests),
     Family("spot", spot.build_rules, spot.build_tests),
+    Family("remediation", remediation.build_rules, remediation.build_tests),
     Family("guards", guards.build_rules, guards.build_tests),
 )
 """Every family, in the order of the generated rule file and test file."""

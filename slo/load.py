@@ -7,13 +7,13 @@ import re
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from redline.slo.sources import SIGNAL_NAMES
-from redline.slo.spec import Spec, Timing, parse_duration
+from redline.slo.spec import Severity, Spec, Timing, parse_duration
 
 DEFAULT_SPEC_NAME = "default.yaml"
 
@@ -148,6 +148,7 @@ def check_spec(spec: Spec) -> list[Finding]:
                 )
             )
     findings.extend(_window_findings(spec.timing, spec))
+    findings.extend(_escalation_findings(spec))
     for profile, override in spec.profiles.items():
         timing = apply_timing(spec.timing, override.model_dump(exclude_none=True))
         window = override.latency_window or spec.red_lines.latency_p99.window
@@ -242,6 +243,34 @@ def _source_findings(spec: Spec) -> list[Finding]:
             )
         )
     return findings
+
+
+def _escalation_findings(spec: Spec) -> list[Finding]:
+    """Alerts that reach no human: every page without `escalation`, and the severities it
+    neither lists nor covers with `default` (a severity listed as [] is a choice: not warned)."""
+    escalation = spec.escalation
+    if escalation is None:
+        return [
+            Finding(
+                "warning",
+                "escalation",
+                "not set: critical and page alerts reach no human (Alertmanager sends every "
+                "alert to the remediation receiver only, which runs playbooks and audits the "
+                "rest); add escalation.receivers and escalation.routes",
+            )
+        ]
+    listed = {str(severity) for severity in escalation.routes}
+    silent = [str(s) for s in get_args(Severity) if str(s) not in listed]
+    if escalation.default or not silent:
+        return []
+    return [
+        Finding(
+            "warning",
+            "escalation.routes",
+            f"{', '.join(silent)} alerts reach no human (not listed, no escalation.default): "
+            "those without a playbook only reach the remediation receiver's audit trail",
+        )
+    ]
 
 
 def _no_bucket(

@@ -518,6 +518,162 @@ class Receiver(_Model):
     bearer_token_file: str = Field(
         "/etc/redline/webhook-token", description="File holding the webhook bearer token."
     )
+    scrape_job: str = Field(
+        "remediation",
+        min_length=1,
+        pattern=r'^[^"\\]+$',
+        description="Regex (RE2, anchored) matching the Prometheus `job` label of the receiver's "
+        "scrape targets; ReceiverDown pages when one of them is down.",
+    )
+
+    @field_validator("scrape_job")
+    @classmethod
+    def _job_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
+
+
+# -- escalation: the humans behind the alerts ---------------------------------------------------
+
+REMEDIATION_RECEIVER = "redline-remediation"
+"""The Alertmanager receiver name of the remediation webhook (no human receiver may take it)."""
+
+Severity = Literal["critical", "page", "ticket", "warning"]
+"""Alert severities the rules use."""
+
+PAGING_SEVERITIES: tuple[str, ...] = ("critical", "page")
+"""Severities that must reach a human whenever `escalation` is set."""
+
+SecretFile = Annotated[
+    str, Field(min_length=1, description="Path of a file holding the secret (never inline).")
+]
+
+
+class SlackTarget(_Model):
+    """A Slack incoming webhook (its URL is the secret, read from a file)."""
+
+    api_url_file: SecretFile = Field(description="File holding the incoming-webhook URL.")
+    channel: str = Field(min_length=1, description="Channel to post to, e.g. #genai-oncall.")
+
+
+class PagerDutyTarget(_Model):
+    """A PagerDuty service: Events API v2 routing key, or the older service key, from a file."""
+
+    routing_key_file: SecretFile | None = Field(None, description="Events API v2 routing key.")
+    service_key_file: SecretFile | None = Field(None, description="Events API v1 service key.")
+    url: str | None = Field(
+        None, min_length=1, description="Events API endpoint (default: PagerDuty's own)."
+    )
+
+    @model_validator(mode="after")
+    def _one_key(self) -> PagerDutyTarget:
+        if (self.routing_key_file is None) == (self.service_key_file is None):
+            raise ValueError("set exactly one of routing_key_file and service_key_file")
+        return self
+
+
+class EmailTarget(_Model):
+    """E-mail through an SMTP smarthost; the password is read from a file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    to: str = Field(min_length=3, description="Recipient address(es), comma-separated.")
+    sender: str = Field(alias="from", min_length=3, description="From address.")
+    smarthost: str = Field(
+        pattern=r"^[^\s:]+:\d+$", description="SMTP server as host:port, e.g. smtp.example.com:587."
+    )
+    auth_username: str | None = Field(None, min_length=1, description="SMTP user.")
+    auth_password_file: SecretFile | None = Field(None, description="File holding the password.")
+    require_tls: bool = Field(True, description="Refuse to send without STARTTLS.")
+
+    @model_validator(mode="after")
+    def _auth_pair(self) -> EmailTarget:
+        if (self.auth_username is None) != (self.auth_password_file is None):
+            raise ValueError("auth_username and auth_password_file go together")
+        return self
+
+
+class WebhookTarget(_Model):
+    """Any HTTP endpoint taking Alertmanager's webhook JSON (v4), optionally with a bearer token."""
+
+    url: str = Field(pattern=r"^https?://", description="The endpoint alerts are POSTed to.")
+    bearer_token_file: SecretFile | None = Field(None, description="File holding the token.")
+
+
+class HumanReceiver(_Model):
+    """A named human receiver: exactly one of slack, pagerduty, email, webhook."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]*$", description="Named by escalation.routes.")
+    slack: SlackTarget | None = None
+    pagerduty: PagerDutyTarget | None = None
+    email: EmailTarget | None = None
+    webhook: WebhookTarget | None = None
+
+    @property
+    def kind(self) -> str:
+        """Which of slack, pagerduty, email, webhook this receiver is."""
+        return next(k for k in ("slack", "pagerduty", "email", "webhook") if getattr(self, k))
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> HumanReceiver:
+        given = [k for k in ("slack", "pagerduty", "email", "webhook") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(
+                f"receiver {self.name!r} must set exactly one of slack, pagerduty, email, "
+                f"webhook (got {', '.join(given) or 'none'})"
+            )
+        if self.name == REMEDIATION_RECEIVER:
+            raise ValueError(f"{REMEDIATION_RECEIVER!r} is the remediation webhook's name")
+        return self
+
+
+class Escalation(_Model):
+    """Human receivers and which alert severities reach each; secrets only by file."""
+
+    receivers: tuple[HumanReceiver, ...] = Field(min_length=1, description="The humans' channels.")
+    routes: dict[Severity, tuple[str, ...]] = Field(
+        default_factory=dict,
+        description="Severity -> receiver names (every one gets the alert; [] means nobody).",
+    )
+    default: tuple[str, ...] = Field(
+        (), description="Receivers of alerts whose severity `routes` does not list."
+    )
+
+    def receivers_for(self, severity: str) -> tuple[str, ...]:
+        """The receiver names an alert of `severity` reaches."""
+        found = {str(key): names for key, names in self.routes.items()}
+        return found.get(severity, self.default)
+
+    def receiver(self, name: str) -> HumanReceiver:
+        """The receiver called `name` (KeyError when none is)."""
+        for receiver in self.receivers:
+            if receiver.name == name:
+                return receiver
+        raise KeyError(name)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Escalation:
+        names = [r.name for r in self.receivers]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"escalation.receivers: names repeated: {', '.join(repeated)}")
+        named = [(f"routes.{sev}", n) for sev, listed in self.routes.items() for n in listed]
+        named += [("default", n) for n in self.default]
+        for where, name in named:
+            if name not in names:
+                raise ValueError(
+                    f"escalation.{where}: no receiver named {name!r}; known: {', '.join(names)}"
+                )
+        for severity in PAGING_SEVERITIES:
+            if not self.receivers_for(severity):
+                raise ValueError(
+                    f"escalation.routes.{severity}: {severity} alerts must reach a human: name "
+                    "a receiver here or in escalation.default"
+                )
+        return self
 
 
 class Spec(_Model):
@@ -545,6 +701,11 @@ class Spec(_Model):
     spot: Spot = Field(default_factory=Spot, description="Spot GPU preemption handling.")
     remediation: Remediation = Field(
         default_factory=Remediation, description="Per-playbook mode, budget, breaker, deadline."
+    )
+    escalation: Escalation | None = Field(
+        None,
+        description="Human receivers (Slack, PagerDuty, e-mail, webhook) by severity; without it "
+        "every alert goes to the remediation receiver only.",
     )
 
     @field_validator("regions")

@@ -1,4 +1,5 @@
-"""The *RPO* dashboard: LoRA checkpoint age, session CDC lag and the index delta log."""
+"""The *RPO* dashboard: LoRA checkpoint age, session CDC lag and the index delta log (its
+backlog per replica, and the entries and memory it holds per collection)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ from redline.slo import catalog
 from redline.slo.spec import RpoTarget, Spec
 
 SLUG = "rpo"
+HELD_DESCRIPTION = (
+    "What the delta log (a Redis stream per collection) holds: entries (XLEN) and Redis memory "
+    "(MEMORY USAGE, sampled). Trimming keeps it level at the oldest registered replica's "
+    "checkpoint, freeze point or unfinished replay, minus the retention window. Steady growth "
+    "means a stuck or unregistered replica: one whose checkpoint no longer moves, one gone for "
+    "good but still registered (redline index forget-target), or none registered at all "
+    "(nothing is trimmed). `redline index status` shows the registry and the trim point."
+)
 
 
 def _pair(
@@ -45,6 +54,10 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
     pending = Query(
         f"sum by (collection, replica) ({entries})",
         "{{collection}} on {{replica}}",
+    )
+    held = Query(f"max by (collection) ({catalog.VECTORDB_DELTA_LOG_ENTRIES})", "{{collection}}")
+    memory = Query(
+        f"max by (collection) ({catalog.VECTORDB_DELTA_LOG_MEMORY_BYTES})", "{{collection}}"
     )
     sections = (
         Section(
@@ -89,13 +102,55 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
                 PanelDef("timeseries", "Pending entries", (pending,), delta, "short", width=18),
             ),
         ),
+        Section(
+            "Vector index delta log: what it holds",
+            (
+                PanelDef(
+                    "stat",
+                    "Delta-log entries held",
+                    (held,),
+                    delta,
+                    "short",
+                    stat_text="value_and_name",
+                    description=HELD_DESCRIPTION,
+                ),  # fmt: skip
+                PanelDef(
+                    "timeseries",
+                    "Delta-log entries held, per collection",
+                    (held,),
+                    delta,
+                    "short",
+                    width=18,
+                    description=HELD_DESCRIPTION,
+                ),  # fmt: skip
+                PanelDef(
+                    "stat",
+                    "Delta-log memory",
+                    (memory,),
+                    delta,
+                    "bytes",
+                    stat_text="value_and_name",
+                    description=HELD_DESCRIPTION,
+                ),  # fmt: skip
+                PanelDef(
+                    "timeseries",
+                    "Delta-log memory, per collection",
+                    (memory,),
+                    delta,
+                    "bytes",
+                    width=18,
+                    description=HELD_DESCRIPTION,
+                ),  # fmt: skip
+            ),
+        ),
     )
     return DashboardDef(
         slug=SLUG,
         title="RPO",
         description=(
             "Recovery-point objectives of the spec: how much adapter training, session state and "
-            "index writes a failure right now would lose."
+            "index writes a failure right now would lose; and how much the index delta log "
+            "holds (it stays bounded while every replica's checkpoint moves)."
         ),
         sections=sections,
         annotations=alert_and_remediation_annotations("RPO alerts", 'rpo!=""', "red"),

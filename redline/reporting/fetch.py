@@ -27,9 +27,11 @@ from redline.slo import catalog
 from redline.slo.maths import HOUR
 from redline.slo.report import (
     AlertSamples,
+    GuardState,
     LiveSignals,
     RemediationCounts,
     ReportInput,
+    RunEvent,
     SignalDef,
     SignalSeries,
     SloSeries,
@@ -266,6 +268,45 @@ def remediation_query(period: int) -> str:
     )
 
 
+MODE_LABEL = catalog.REDLINE_REMEDIATION_MODE.labels[1]
+"""The mode gauge's `mode` label (act, shadow, off)."""
+
+EVENT_STEP = 60
+"""Shortest step at which runs are placed in time (a minute: "at 10:02")."""
+
+
+def remediation_events_query(step: int) -> str:
+    """Runs by playbook and outcome that ended in the `step` seconds before each evaluation.
+
+    The difference of the counter and its value one step earlier, so consecutive steps tile the
+    period without counting a run twice (an `increase` over a longer range would, and over one
+    step it sees too few samples); only steps with runs come back. A counter reset (Redis lost
+    the run metrics) reads as no runs for that step. Replicas expose the same totals: max.
+    """
+    runs = catalog.REDLINE_REMEDIATION_RUNS_TOTAL
+    by = f"max by ({catalog.LABEL_PLAYBOOK}, {catalog.LABEL_OUTCOME})"
+    return f"({by} ({runs}) - {by} ({runs} offset {_dur(step)})) > 0"
+
+
+def remediation_guards_query(period: int) -> str:
+    """Per playbook: the modes seen in the period and at its end, and whether it was paused or
+    its breaker open during the period and at its end (instant, at the period's end)."""
+    w = _dur(period)
+    playbook, modes = catalog.LABEL_PLAYBOOK, catalog.REDLINE_REMEDIATION_MODE
+    paused, breaker = catalog.REDLINE_REMEDIATION_PAUSED, catalog.REDLINE_REMEDIATION_BREAKER_OPEN
+    by_mode = f"max by ({playbook}, {MODE_LABEL})"
+    return "\nor ".join(
+        [
+            _stat(f"{by_mode} (max_over_time({modes}[{w}])) == 1", "mode_seen"),
+            _stat(f"{by_mode} (last_over_time({modes}[1h])) == 1", "mode_end"),
+            _stat(f"max by ({playbook}) (max_over_time({paused}[{w}]))", "paused_seen"),
+            _stat(f"max by ({playbook}) (last_over_time({paused}[1h]))", "paused_end"),
+            _stat(f"max by ({playbook}) (max_over_time({breaker}[{w}]))", "breaker_seen"),
+            _stat(f"max by ({playbook}) (last_over_time({breaker}[1h]))", "breaker_end"),
+        ]
+    )
+
+
 def live_query(period: int) -> str:
     """Probe coverage, probes' last state, golden-set evaluations, unrecoverable spot
     interruptions (instant)."""
@@ -420,6 +461,50 @@ def fetch_remediation(
     return build(float(window.end)), build(float(window.start))
 
 
+def fetch_remediation_events(client: PrometheusClient, window: Window, step: int) -> list[RunEvent]:
+    """Runs by playbook, outcome and the step (at least a minute) in which they ended."""
+    step = max(step, EVENT_STEP)
+    result = fetch_range(
+        client, remediation_events_query(step), window.start + step, window.end, step
+    )
+    return [
+        RunEvent(
+            ts, labels.get(catalog.LABEL_PLAYBOOK, ""), labels.get(catalog.LABEL_OUTCOME, ""), v
+        )
+        for labels, points in result
+        for ts, v in points
+    ]
+
+
+def fetch_remediation_guards(client: PrometheusClient, window: Window) -> list[GuardState]:
+    """Each playbook's modes, pauses and breaker over the period and at its end."""
+    found: dict[str, dict[str, Any]] = {}
+    for labels, value in fetch_instant(
+        client, remediation_guards_query(window.seconds), window.end
+    ):
+        playbook = labels.get(catalog.LABEL_PLAYBOOK, "")
+        state = found.setdefault(playbook, {"modes": set(), "end": None, "flags": set()})
+        stat = labels.get("stat", "")
+        if stat == "mode_seen":
+            state["modes"].add(labels.get(MODE_LABEL, ""))
+        elif stat == "mode_end":
+            state["end"] = labels.get(MODE_LABEL)
+        elif value >= 1:
+            state["flags"].add(stat)
+    return [
+        GuardState(
+            playbook=playbook,
+            modes_seen=frozenset(state["modes"]),
+            mode_at_end=state["end"],
+            paused_during="paused_seen" in state["flags"],
+            paused_at_end="paused_end" in state["flags"],
+            breaker_open_during="breaker_seen" in state["flags"],
+            breaker_open_at_end="breaker_end" in state["flags"],
+        )
+        for playbook, state in sorted(found.items())
+    ]
+
+
 def fetch_live(client: PrometheusClient, window: Window) -> LiveSignals:
     """The maturity assessment's live signals over the period."""
     probes: dict[str, set[str]] = {}
@@ -501,6 +586,8 @@ def fetch_report_input(
             slo.name: pool.submit(fetch_slo_series, client, spec, slo, window) for slo in spec.slos
         }
         remediation_job = pool.submit(fetch_remediation, client, window)
+        events_job = pool.submit(fetch_remediation_events, client, window, step)
+        guards_job = pool.submit(fetch_remediation_guards, client, window)
         alerts_job = pool.submit(fetch_alerts, client, window)
         live_job = pool.submit(fetch_live, client, window)
         remediation, remediation_previous = remediation_job.result()
@@ -511,6 +598,8 @@ def fetch_report_input(
             alerts=alerts_job.result(),
             remediation=remediation,
             remediation_previous=remediation_previous,
+            remediation_events=events_job.result(),
+            remediation_guards=guards_job.result(),
             live=live_job.result(),
             evaluation_interval_seconds=spec.timing.evaluation_interval_seconds,
             notes=tuple(notes),

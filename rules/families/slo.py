@@ -79,8 +79,10 @@ def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
             )
         case "errors":
             sel = selector(slo.sli.selector)
+            # Engines create an error series at their first error (vLLM's status="5xx"): until
+            # then no errors means a ratio of 0, not no ratio at all.
             return (
-                f"sum(rate({errors_total(spec)}{sel}[{window}]))\n/\n"
+                f"(\n  sum(rate({errors_total(spec)}{sel}[{window}]))\n  or\n  vector(0)\n)\n/\n"
                 f"sum(rate({requests_total(spec)}{sel}[{window}]))"
             )
 

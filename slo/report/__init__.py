@@ -8,10 +8,12 @@ disaster-recovery `maturity` on the way. The names other packages use are re-exp
 from redline.slo.report.build import build_incidents, build_report, build_slo_report
 from redline.slo.report.inputs import (
     AlertSamples,
+    GuardState,
     LiveSignals,
     RemediationCounts,
     ReportError,
     ReportInput,
+    RunEvent,
     SignalSeries,
     SloSeries,
     Window,
@@ -22,11 +24,13 @@ from redline.slo.report.signals import SignalDef, signal_defs
 
 __all__ = [
     "AlertSamples",
+    "GuardState",
     "LiveSignals",
     "RemediationCounts",
     "Report",
     "ReportError",
     "ReportInput",
+    "RunEvent",
     "SignalDef",
     "SignalReport",
     "SignalSeries",

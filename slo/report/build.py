@@ -50,6 +50,12 @@ from redline.slo.report.model import (
     SloReport,
     Summary,
 )
+from redline.slo.report.remediation import (
+    SHADOW,
+    SKIP_OUTCOMES,
+    build_actions,
+    build_guards,
+)
 from redline.slo.report.signals import SignalDef, signal_defs, source_notes
 from redline.slo.report.text import num, utc
 from redline.slo.spec import Slo, Spec
@@ -316,6 +322,8 @@ def build_remediation(
     for playbook, outcome in keys:
         count = current.duration_count.get(playbook, 0.0)
         mean = current.duration_sum.get(playbook, 0.0) / count if count > 0 else None
+        if outcome in SKIP_OUTCOMES:
+            mean = None  # a skip runs nothing: the playbook's mean is not its duration
         prev = previous.runs.get((playbook, outcome), 0.0) if previous.measured else None
         runs_now = current.runs.get((playbook, outcome), 0.0)
         if round(runs_now) == 0 and (prev is None or round(prev) == 0):
@@ -564,6 +572,12 @@ def build_report(
             incidents=len(current_incidents),
             previous_incidents=prev_count,
             remediation_runs=round(runs_now, 3),
+            remediation_shadow_runs=round(
+                sum(r.runs for r in remediation if r.outcome == SHADOW), 3
+            ),
+            remediation_skipped_runs=round(
+                sum(r.runs for r in remediation if r.outcome in SKIP_OUTCOMES), 3
+            ),
         ),
         notes=notes,
         slos=slos,
@@ -573,6 +587,8 @@ def build_report(
         incidents=current_incidents,
         remediation=remediation,
         remediation_jobs=jobs,
+        remediation_actions=build_actions(spec, data.remediation_events, current_incidents, window),
+        remediation_guards=build_guards(data.remediation_guards),
         calendar=build_calendar(spec, slos, red_lines, current_incidents, window),
         deltas=build_deltas(
             slos, signals, len(current_incidents), prev_count, runs_now, runs_before

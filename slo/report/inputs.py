@@ -90,6 +90,30 @@ class RemediationCounts:
 
 
 @dataclass(frozen=True)
+class RunEvent:
+    """Runs of one playbook that ended with one outcome in the step up to `at` (the counter's
+    increase over that step), read from `redline_remediation_runs_total`."""
+
+    at: float
+    playbook: str
+    outcome: str
+    runs: float
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """A playbook's guard rails over the period and at its end (the receiver's gauges)."""
+
+    playbook: str
+    modes_seen: frozenset[str] = frozenset()  # every mode (act, shadow, off) the period saw
+    mode_at_end: str | None = None
+    paused_during: bool = False
+    paused_at_end: bool = False
+    breaker_open_during: bool = False
+    breaker_open_at_end: bool = False
+
+
+@dataclass(frozen=True)
 class JobRun:
     """One remediation job from the receiver's job store."""
 
@@ -120,6 +144,8 @@ class ReportInput:
     alerts: Sequence[AlertSamples] = ()
     remediation: RemediationCounts = field(default_factory=RemediationCounts)
     remediation_previous: RemediationCounts = field(default_factory=RemediationCounts)
+    remediation_events: Sequence[RunEvent] = ()
+    remediation_guards: Sequence[GuardState] = ()
     jobs: Sequence[JobRun] | None = None
     live: LiveSignals = field(default_factory=LiveSignals)
     evaluation_interval_seconds: float = 15.0

@@ -122,7 +122,44 @@ class RemediationRow(_Out):
     outcome: str
     runs: float
     previous_runs: float | None
-    mean_duration_seconds: float | None = Field(description="Mean over all of the playbook's runs.")
+    mean_duration_seconds: float | None = Field(
+        description="Mean over all of the playbook's runs; null for skips (nothing ran)."
+    )
+
+
+ActionKind = Literal["acted", "shadow", "skipped", "dry_run", "other"]
+
+
+class RemediationAction(_Out):
+    """Runs of a playbook that ended one way at one time, with the alert they answered."""
+
+    at: datetime = Field(description="End of the step in which Prometheus saw the runs.")
+    playbook: str
+    outcome: str = Field(
+        description="succeeded, failed, shadow, dry_run, or the skip: off, paused, over_budget, "
+        "breaker_open."
+    )
+    kind: ActionKind = Field(
+        description="acted (succeeded, failed), shadow (planned and checked, nothing changed), "
+        "skipped, dry_run."
+    )
+    runs: float = Field(description="Runs with this outcome in the step.")
+    alert: str | None = Field(description="The firing alert routed to the playbook; null if none.")
+    target: dict[str, str] = Field(description="That alert's labels (model, region, ...).")
+    text: str = Field(description="What happened, in words (what shadow mode would have done).")
+
+
+class RemediationGuard(_Out):
+    """A playbook whose guard rails were not plain `act` at some point of the period."""
+
+    playbook: str
+    modes: list[str] = Field(description="Modes the period saw (act, shadow, off).")
+    mode_at_end: str | None
+    paused_during: bool
+    paused_at_end: bool
+    breaker_open_during: bool
+    breaker_open_at_end: bool
+    text: str
 
 
 class RemediationJob(_Out):
@@ -195,6 +232,10 @@ class Summary(_Out):
     incidents: int
     previous_incidents: int | None
     remediation_runs: float
+    remediation_shadow_runs: float = Field(0.0, description="Runs shadow mode only planned.")
+    remediation_skipped_runs: float = Field(
+        0.0, description="Runs skipped: mode off, paused, over budget, breaker open."
+    )
 
 
 class Report(_Out):
@@ -217,6 +258,12 @@ class Report(_Out):
     incidents: list[Incident]
     remediation: list[RemediationRow]
     remediation_jobs: list[RemediationJob] | None
+    remediation_actions: list[RemediationAction] = Field(
+        default_factory=list, description="What ran, what shadow mode would have done, skips."
+    )
+    remediation_guards: list[RemediationGuard] = Field(
+        default_factory=list, description="Playbooks in shadow or off mode, paused, or disabled."
+    )
     calendar: list[CalendarDay]
     deltas: list[DeltaRow]
     maturity: Maturity

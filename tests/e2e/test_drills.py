@@ -26,7 +26,12 @@ from tests.support.stack import RunningStack, redline
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 REPO = Path(__file__).resolve().parents[2]
-QUIET_ANNOTATIONS = {"error-budgets.json annotation 'Burn-rate alerts'"}
+# Only annotations of events the drills do not cause: the SLO burn-rate alerts need minutes of
+# errors, and no playbook runs in shadow mode in the local stack.
+QUIET_ANNOTATIONS = {
+    "error-budgets.json annotation 'Burn-rate alerts'",
+    "remediation.json annotation 'Shadow runs'",
+}
 ARTIFACT = Path(
     os.environ.get("REDLINE_DRILLS_ARTIFACT", REPO / ".redline" / "artifacts" / "drills.json")
 )
@@ -105,6 +110,36 @@ def test_each_playbook_did_its_job(drills: dict[str, DrillResult]) -> None:
     assert checks[("regression-negative", "gate stays quiet")].ok
     assert checks[("regression-negative", "latency signal on, with enough traffic")].ok
     assert checks[("exporter-down", "every SLI of the exporter is reported absent")].ok
+    assert checks[("latency-persistent", "the restore waits while primary is slow")].ok
+
+
+def test_latency_persistent_holds_the_reroute_and_restores_once(
+    drills: dict[str, DrillResult],
+) -> None:
+    """The primary stays slow for several restore periods after the reroute: zero flips back to
+    it, exactly one restore after the repair (no sooner than the restore period, within its
+    bound), and the P99 users see, reroute included, under the red line outside detection."""
+    result = drills["latency-persistent"]
+    assert result.not_applicable is None, _explain(result)
+    figures = {figure.label: figure.value for figure in result.figures}
+    assert figures["flips while slow"] == 0, _explain(result)
+    assert figures["restores after repair"] == 1, _explain(result)
+    checks = {check.name: check for check in result.checks}
+    for name in (
+        "no flip back to primary while it is slow",
+        "one reroute",
+        "one reroute job",
+        "one restore after the repair",
+        "no client request served by the slow primary after the reroute",
+        "client P99 under the red line outside detection",
+        "recorded P99 under the red line outside detection",
+    ):
+        assert checks[name].ok, f"{name}: {checks[name].detail}"
+    restored = [c for c in result.checks if c.name.startswith("restored within")]
+    assert len(restored) == 1 and restored[0].ok, restored
+    worst = figures["max recorded P99 outside detection"]
+    assert worst is not None and worst <= 0.8, _explain(result)
+    assert result.failed_requests == 0, result.failed_detail
 
 
 def test_the_artifact_holds_every_drills_timings(drills: dict[str, DrillResult]) -> None:

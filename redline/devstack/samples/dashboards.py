@@ -2,7 +2,8 @@
 create-blocks-from openmetrics`: what the exporters, gateway and receiver would have published
 through a day with incidents (a primary latency breach with reroutes, a stale index replica
 frozen and replayed, a CDC lag spike, a stuck LoRA checkpoint, a model version switch that
-regresses, drift creeping up) and the `ALERTS` those incidents fire.
+regresses while the rollback playbook is in shadow mode, drift creeping up, a paused playbook
+and a run over budget) and the `ALERTS` those incidents fire.
 
 The dashboard checks query every panel against these series, and the README's picture is drawn
 from them. Deterministic: the same spec and time range give the same text.
@@ -19,7 +20,8 @@ from redline.devstack.samples.openmetrics import Family, Series, render_openmetr
 from redline.rules.build import build_rule_groups
 from redline.rules.model import number
 from redline.slo import catalog
-from redline.slo.spec import Spec, parse_duration
+from redline.slo.report.remediation import ACTED_OUTCOMES, MODES, SHADOW, SKIP_OUTCOMES
+from redline.slo.spec import PLAYBOOK_NAMES, Spec, parse_duration
 
 MODEL = "chat"
 ADAPTERS = ("support-lora", "summarize-lora")
@@ -31,6 +33,14 @@ RUN_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 SPOT_NOTICE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 SPOT_NODE_STATES = ("ready", "draining", "terminating", "recovered")
 PROBES = ("llm_endpoints", "index_staleness", "session_rpo", "keepalive", "drift", "models")
+RUN_PLAYBOOKS = ("reroute", "freeze_and_replay", "semantic_rollback")
+"""Playbooks that run in the sample (the others only publish their zeros and gauges)."""
+RUN_OUTCOMES = (*ACTED_OUTCOMES, SHADOW, *SKIP_OUTCOMES)
+WRITES_PER_SECOND = 3.0
+RETENTION_SECONDS = 600.0
+STREAM_BASE_BYTES = 65_536.0
+BYTES_PER_ENTRY = 212.0
+"""Delta-log writes and what the stream costs in Redis (roughly, per XADD of a 384-d row id)."""
 
 
 def profile_spec(spec: Spec, profile: str, model: str | None = None) -> Spec:
@@ -108,6 +118,21 @@ class Scenario:
     drift_rising_from: float = 0.70
     eviction_at: float = 0.50
     preemptions: tuple[Preemption, ...] = PREEMPTIONS
+    rollback_mode: str = "shadow"
+    """The rollback playbook's mode: in shadow, the regression gets a shadow run."""
+    freeze_paused: Window = Window(0.57, 0.61)
+    """A human paused freeze_and_replay: the staleness alert is skipped (paused); the freeze
+    that follows the resume runs."""
+    reroute_refire: Window = Window(0.60, 0.61)
+    """The latency alert fires again within the hour: the reroute is skipped, over budget."""
+    restore_after: float = 0.02
+    """The reroute job waits (deferred) this long after the breach before it restores."""
+
+    def regression_alerting(self, share: float) -> bool:
+        """True while the two-signal rollback gate fires (a while into the regression)."""
+        return (
+            self.accuracy_regression.holds(share) and share > self.accuracy_regression.start + 0.03
+        )
 
 
 @dataclass
@@ -434,10 +459,7 @@ def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only t
         fire("SessionRPOBreach", stream=STREAM, group=GROUP)
     if scenario.stuck_checkpoint.holds(share):
         fire("LoRACheckpointRPOBreach", adapter=ADAPTERS[0])
-    if (
-        scenario.accuracy_regression.holds(share)
-        and share > scenario.accuracy_regression.start + 0.03
-    ):
+    if scenario.regression_alerting(share):
         fire("SemanticRollbackTwoSignal", model=model, model_version="v2")
     if share > 0.92:
         fire("EmbeddingDrift", collection=COLLECTION, method="mmd")
@@ -488,7 +510,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
             {"playbook": playbook},
             RUN_BUCKETS,
         )
-        for playbook in ("reroute", "freeze_and_replay", "semantic_rollback")
+        for playbook in RUN_PLAYBOOKS
     }
     notice_hist = {
         spot.node: _Histogram(
@@ -516,12 +538,21 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     last_checkpoint = dict.fromkeys(ADAPTERS, start)
     pending, oldest_pending_since = 0.0, None
     run_events: list[tuple[float, str, str, float]] = []
-    incidents: list[tuple[Callable[[float], bool], str, str, float]] = [
-        (scenario.latency_breach.holds, "reroute", "succeeded", 4.2),
-        (scenario.write_freeze.holds, "freeze_and_replay", "succeeded", 38.0),
-        (scenario.accuracy_regression.holds, "semantic_rollback", "failed", 95.0),
+    restore = Window(scenario.latency_breach.end + scenario.restore_after, 2.0)
+    # (when, playbook, outcome, seconds, delivered): `delivered` when an alert delivery starts
+    # the run, not a deferred step of a job already running.
+    incidents: list[tuple[Callable[[float], bool], str, str, float, bool]] = [
+        # The reroute job waits for the restore (deferred) and succeeds then.
+        (restore.holds, "reroute", "succeeded", 4.2, False),
+        (scenario.latency_breach.holds, "reroute", "", 0.0, True),  # the job that waits
+        (scenario.reroute_refire.holds, "reroute", "over_budget", 0.0, True),
+        (scenario.stale_index.holds, "freeze_and_replay", "paused", 0.0, True),
+        (scenario.write_freeze.holds, "freeze_and_replay", "succeeded", 38.0, True),
+        (scenario.regression_alerting, "semantic_rollback", scenario.rollback_mode, 2.0, True),
     ]
     was_on = [False] * len(incidents)
+    job_started: dict[str, float] = {}  # playbook -> creation time of its unfinished job
+    held = 0.0  # delta-log entries kept for the retention window (level once trimming runs)
     steps = int((end - start) // step) + 1
     for index in range(steps):
         now = start + index * step
@@ -584,6 +615,14 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
             replayed, pending = pending, 0.0
             oldest_pending_since = None
         gauge(catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES.name, replica, now, pending)
+        # What the log holds: the retention window's writes (filling up, then trimmed level)
+        # plus the backlog no checkpoint has passed yet.
+        held = min(held + WRITES_PER_SECOND * step, WRITES_PER_SECOND * RETENTION_SECONDS)
+        entries = held + pending + (index % 7) * 3.0
+        collection = {"collection": COLLECTION}
+        gauge(catalog.VECTORDB_DELTA_LOG_ENTRIES.name, collection, now, entries)
+        memory = STREAM_BASE_BYTES + entries * BYTES_PER_ENTRY
+        gauge(catalog.VECTORDB_DELTA_LOG_MEMORY_BYTES.name, collection, now, memory)
         age = now - oldest_pending_since if oldest_pending_since is not None else 0.0
         gauge(catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name, replica, now, age)
         count(catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL.family, replica, now, replayed)
@@ -608,25 +647,33 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
               float(spec.drift.window))  # fmt: skip
         # The remediation receiver: one firing and one resolved delivery per incident, each
         # delivered twice by the Alertmanager HA pair; a finished run per incident.
-        for slot, (holds, playbook, outcome, seconds) in enumerate(incidents):
+        for slot, (holds, playbook, outcome, seconds, delivered) in enumerate(incidents):
             on = holds(share)
-            if on != was_on[slot]:
+            if on != was_on[slot] and delivered:
                 status = "firing" if on else "resolved"
                 count(catalog.REDLINE_WEBHOOK_ALERTS_TOTAL.family, {"status": status}, now, 2.0)
                 count(catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL.family, {}, now, 1.0)
-                if on:
-                    run_events.append((now + seconds, playbook, outcome, seconds))
+            if on and not was_on[slot] and outcome:
+                run_events.append((now + seconds, playbook, outcome, seconds))
             was_on[slot] = on
         for status in ("firing", "resolved"):
             count(catalog.REDLINE_WEBHOOK_ALERTS_TOTAL.family, {"status": status}, now, 0.0)
         count(catalog.REDLINE_WEBHOOK_DUPLICATES_TOTAL.family, {}, now, 0.0)
-        for playbook, hist in runs_hist.items():
+        if scenario.latency_breach.holds(share):
+            job_started.setdefault("reroute", now)
+        elif restore.holds(share):
+            job_started.pop("reroute", None)
+        # Every known playbook's outcomes from the start, as the receiver exposes them.
+        for playbook in PLAYBOOK_NAMES:
             done = [e for e in run_events if e[1] == playbook and now - step < e[0] <= now]
-            for outcome in ("succeeded", "failed"):
+            for outcome in RUN_OUTCOMES:
                 finished = sum(1.0 for e in done if e[2] == outcome)
                 run = {"playbook": playbook, "outcome": outcome}
                 count(catalog.REDLINE_REMEDIATION_RUNS_TOTAL.family, run, now, finished)
-            hist.observe(now, float(len(done)), done[0][3] if done else 1.0)
+            if playbook in runs_hist:
+                timed = [e for e in done if e[2] not in SKIP_OUTCOMES]  # skips take no time
+                runs_hist[playbook].observe(now, float(len(timed)), timed[0][3] if timed else 1.0)
+            _guard_step(spec, scenario, playbook, share, now, job_started, gauge)
         # The audit trail, verified every minute: three records per delivered incident change.
         audited = 3.0 * sum(1 for e in run_events if e[0] - e[3] <= now)
         verified_at = now - now % 60
@@ -649,6 +696,30 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         for alert in _active_alerts(spec, scenario, share, now, start, end, step, model):
             gauge("ALERTS", alert, now, 1.0)
     return "".join(render_openmetrics(_families(fams)))
+
+
+def _guard_step(  # noqa: PLR0913 - one playbook's gauges at one step
+    spec: Spec,
+    scenario: Scenario,
+    playbook: str,
+    share: float,
+    now: float,
+    job_started: dict[str, float],
+    gauge: Callable[[str, dict[str, str], float, float], None],
+) -> None:
+    """The receiver's guard-rail gauges of one playbook: mode, pause, breaker, unfinished jobs."""
+    labels = {"playbook": playbook}
+    current = scenario.rollback_mode if playbook == "semantic_rollback" else "act"
+    mode = catalog.REDLINE_REMEDIATION_MODE
+    for value in MODES:
+        gauge(mode.name, {**labels, mode.labels[1]: value}, now, float(value == current))
+    paused = playbook == "freeze_and_replay" and scenario.freeze_paused.holds(share)
+    gauge(catalog.REDLINE_REMEDIATION_PAUSED.name, labels, now, float(paused))
+    gauge(catalog.REDLINE_REMEDIATION_BREAKER_OPEN.name, labels, now, 0.0)
+    age = now - job_started[playbook] if playbook in job_started else 0.0
+    late = age > spec.remediation.policy(playbook).deadline_seconds
+    gauge(catalog.REDLINE_REMEDIATION_JOBS_OVERDUE.name, labels, now, float(late))
+    gauge(catalog.REDLINE_REMEDIATION_OLDEST_JOB_AGE_SECONDS.name, labels, now, age)
 
 
 def _spot_step(  # noqa: PLR0913 - one node's series at one step

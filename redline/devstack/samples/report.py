@@ -21,6 +21,7 @@ from redline.devstack.processes import ServiceError, find_binary
 from redline.devstack.samples.openmetrics import Family, Series, render_openmetrics
 from redline.slo import catalog
 from redline.slo.catalog import Metric
+from redline.slo.report.remediation import MODES, SKIP_OUTCOMES
 
 SAMPLE_START = int(datetime(2025, 3, 1, tzinfo=UTC).timestamp())
 SAMPLE_DAYS = 30
@@ -109,6 +110,7 @@ SESSION_RPO = (ts("2025-03-25T08:00"), 5 * MINUTE)  # CDC 7 s behind
 LORA_STALL = (ts("2025-03-15T12:00"), 10 * MINUTE)  # no checkpoint
 DRIFT = (ts("2025-03-27T00:00"), 3 * 3600)  # MMD score 0.03 over a 0.01 threshold
 PROBE_DOWN = (ts("2025-03-05T07:00"), 5 * MINUTE)  # secondary healthz failing
+REGRESSION = (ts("2025-03-10T10:00"), 30 * MINUTE)  # chat v2 regressed; rollback in shadow mode
 
 BUCKETS = ("0.4", "0.8", "1.5", "+Inf")
 REGIONS = ("primary", "secondary")
@@ -214,8 +216,12 @@ def build_sample(
 
     sample.runs = [
         RemediationRun("reroute", "succeeded", LATENCY[0] + 3 * MINUTE, 12.0),
+        # The latency alert flapped: the second reroute within the hour is over budget.
+        RemediationRun("reroute", "over_budget", LATENCY[0] + 20 * MINUTE, 0.0),
         RemediationRun("reroute", "failed", LATENCY_PREVIOUS_WEEK[0] + 5 * MINUTE, 30.0),
         RemediationRun("freeze_and_replay", "succeeded", STALENESS[0] + 2 * MINUTE, 95.0),
+        # semantic_rollback in shadow mode: planned and checked, nothing changed.
+        RemediationRun("semantic_rollback", "shadow", REGRESSION[0] + 2 * MINUTE, 3.0),
     ]
     for playbook, outcome in sorted({(r.playbook, r.outcome) for r in sample.runs}):
         counts = np.zeros(count)
@@ -231,7 +237,7 @@ def build_sample(
         total = np.zeros(count)
         seconds = np.zeros(count)
         for run in sample.runs:
-            if run.playbook == playbook:
+            if run.playbook == playbook and run.outcome not in SKIP_OUTCOMES:  # skips: no time
                 total[sample.times >= run.at] += 1
                 seconds[sample.times >= run.at] += run.seconds
         sample.add(
@@ -259,7 +265,23 @@ def build_sample(
                rpo="session_state", stream="sessions", group="replica"),
         _alert(DRIFT[0] + 5 * MINUTE, 175 * MINUTE, alertname="EmbeddingDrift",
                severity="warning", collection="documents", method="mmd"),
+        _alert(REGRESSION[0], REGRESSION[1], alertname="SemanticRollbackTwoSignal",
+               severity="critical", model="chat", model_version="v2",
+               playbook="semantic_rollback"),
     ]  # fmt: skip
+    # The receiver's guard gauges: semantic_rollback in shadow mode all month, nothing paused.
+    for playbook in sorted({r.playbook for r in sample.runs}):
+        current = "shadow" if playbook == "semantic_rollback" else "act"
+        for mode in MODES:
+            sample.add(
+                catalog.REDLINE_REMEDIATION_MODE,
+                {"playbook": playbook, catalog.REDLINE_REMEDIATION_MODE.labels[1]: mode},
+                np.full(count, float(mode == current)),
+            )
+        sample.add(catalog.REDLINE_REMEDIATION_PAUSED, {"playbook": playbook}, np.zeros(count))
+        sample.add(
+            catalog.REDLINE_REMEDIATION_BREAKER_OPEN, {"playbook": playbook}, np.zeros(count)
+        )
     return sample
 
 
@@ -307,3 +329,83 @@ def backfill(openmetrics: Path, data_dir: Path, timeout: float = 120.0) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise ServiceError(f"promtool backfill failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+EXAMPLE_FILES = ("slo-report.md", "slo-report.html", "report.schema.json", "slo-report-page-1.png")
+"""What `docs/report-example/` holds."""
+EXAMPLE_PROMETHEUS = "http://127.0.0.1:9090"
+EXAMPLE_SPEC = "slo/specs/default.yaml"
+EXAMPLE_GENERATED = datetime(2025, 3, 31, 0, 5, tzinfo=UTC)
+"""The example's Prometheus address, spec and generation time as printed: fixed, so the example
+changes only when the report does (the Prometheus it reads runs on a free port)."""
+PAGE_DPI = 50
+
+
+def write_example(out: Path, workdir: Path, png: bool = True) -> list[Path]:
+    """The docs' example report of the sample month: Markdown, HTML, the JSON Schema and the
+    PDF's first page as a PNG (headless Chromium and pdftoppm), from a real Prometheus holding
+    the backfilled sample."""
+    from redline.devstack.processes import start_prometheus
+    from redline.reporting.pdf import write_pdf
+    from redline.reporting.render.tables import render_schema
+    from redline.reporting.run import generate_report
+    from redline.reporting.write import BASENAME, write_report, write_text
+    from redline.slo.load import load_spec
+    from redline.slo.report import Window
+
+    sample = build_sample()
+    source = write_openmetrics(sample, workdir / "sample.om")
+    backfill(source, workdir / "data")
+    source.unlink()
+    config = workdir / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 15s\n", encoding="utf-8")
+    service = start_prometheus(workdir, config)
+    try:
+        window = Window(sample.start, sample.start + SAMPLE_DAYS * 86400)
+        generated = generate_report(
+            service.url, load_spec(None).spec, EXAMPLE_SPEC, window, now=EXAMPLE_GENERATED
+        )
+    finally:
+        service.stop()
+    report = generated.report.model_copy(update={"prometheus": EXAMPLE_PROMETHEUS})
+    written = write_report(report, out, ["md", "html"])
+    written.append(write_text(out / "report.schema.json", render_schema()))
+    if png:
+        pdf = write_pdf(out / f"{BASENAME}.html", workdir / f"{BASENAME}.pdf")
+        prefix = workdir / "page"
+        argv = [
+            "pdftoppm",
+            "-png",
+            "-r",
+            str(PAGE_DPI),
+            "-f",
+            "1",
+            "-l",
+            "1",
+            str(pdf),
+            str(prefix),
+        ]
+        subprocess.run(argv, check=True, timeout=120, capture_output=True)
+        page = out / EXAMPLE_FILES[-1]
+        next(workdir.glob("page*.png")).replace(page)
+        page.chmod(0o644)
+        written.append(page)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m redline.devstack.samples.report docs/report-example`: the docs' example."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--no-png", action="store_true", help="skip the PDF page (no Chromium)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="redline-example-") as tmp:
+        for path in write_example(args.out, Path(tmp), png=not args.no_png):
+            print(f"{path}: written")
+
+
+if __name__ == "__main__":
+    main()

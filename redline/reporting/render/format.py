@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import date, datetime
 
+from redline.slo.report.model import Summary
+
 NA = "n/a"
 
 
@@ -105,3 +107,13 @@ def plain(value: float | None, unit: str) -> str:
     if unit == "count":
         return number(value)
     return f"{value:g}"
+
+
+def runs_detail(summary: Summary) -> str:
+    """` (1 shadow, 2 skipped)` after the run count, or nothing when there were none."""
+    parts = []
+    if summary.remediation_shadow_runs:
+        parts.append(f"{number(summary.remediation_shadow_runs)} shadow")
+    if summary.remediation_skipped_runs:
+        parts.append(f"{number(summary.remediation_skipped_runs)} skipped")
+    return f" ({', '.join(parts)})" if parts else ""

@@ -31,6 +31,7 @@ def _environment() -> Environment:
         status=f.status,
         signed=f.signed,
         plain=f.plain,
+        runs_detail=f.runs_detail,
     )
     return env
 

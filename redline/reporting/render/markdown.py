@@ -24,6 +24,19 @@ def signal_label(sig: SignalReport) -> str:
     return sig.title + (f" ({sig.instance})" if sig.instance else "")
 
 
+def remediation_lines(report: Report) -> list[str]:
+    """What ran, what shadow mode would have done and what was skipped, one line each; then
+    the playbooks that were not plainly acting."""
+    out: list[str] = []
+    if report.remediation_actions:
+        out += [f"- {action.text}" for action in report.remediation_actions]
+    else:
+        out += ["No playbook ran, shadowed or skipped in the period."]
+    if report.remediation_guards:
+        out += ["", "Guard rails:", ""] + [f"- {g.text}" for g in report.remediation_guards]
+    return out
+
+
 def render_markdown(report: Report) -> str:
     """The whole report as Markdown."""
     s = report.summary
@@ -39,7 +52,7 @@ def render_markdown(report: Report) -> str:
         f"**Overall: {f.status(s.status)}**: {s.slos_failing} SLO(s) failing, "
         f"{s.red_lines_breached} red line(s) crossed, {s.incidents} incident(s) "
         f"(previous period: {f.number(s.previous_incidents)}), "
-        f"{f.number(s.remediation_runs)} remediation run(s).",
+        f"{f.number(s.remediation_runs)} remediation run(s){f.runs_detail(s)}.",
         "",
     ]
     if report.notes:
@@ -155,7 +168,9 @@ def render_markdown(report: Report) -> str:
         )
     else:
         out += ["No alert fired in the period."]
-    out += ["", "## Remediation runs", ""]
+    out += ["", "## Remediation", ""]
+    out += remediation_lines(report)
+    out += ["", "Runs per playbook and outcome:", ""]
     if report.remediation:
         out += table(
             ["playbook", "outcome", "runs", "previous period", "mean duration"],

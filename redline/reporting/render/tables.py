@@ -53,6 +53,11 @@ INCIDENT_COLUMNS = (
     "started_before_period",
 )  # fmt: skip
 REMEDIATION_COLUMNS = ("playbook", "outcome", "runs", "previous_runs", "mean_duration_seconds")
+ACTION_COLUMNS = ("at", "playbook", "outcome", "kind", "runs", "alert", "target", "text")
+GUARD_COLUMNS = (
+    "playbook", "modes", "mode_at_end", "paused_during", "paused_at_end", "breaker_open_during",
+    "breaker_open_at_end", "text",
+)  # fmt: skip
 JOB_COLUMNS = ("id", "playbook", "outcome", "started", "finished", "duration_seconds")
 CALENDAR_COLUMNS = ("day", "kind", "subject", "attainment", "status", "seconds_over", "incidents")
 DELTA_COLUMNS = ("subject", "metric", "unit", "current", "previous", "change")
@@ -139,6 +144,38 @@ def render_csv_tables(report: Report) -> dict[str, str]:
             [
                 [r.playbook, r.outcome, r.runs, r.previous_runs, r.mean_duration_seconds]
                 for r in report.remediation
+            ],
+        ),
+        "remediation_actions.csv": _csv(
+            ACTION_COLUMNS,
+            [
+                [
+                    a.at,
+                    a.playbook,
+                    a.outcome,
+                    a.kind,
+                    a.runs,
+                    a.alert,
+                    ";".join(f"{k}={v}" for k, v in a.target.items()),
+                    a.text,
+                ]  # fmt: skip
+                for a in report.remediation_actions
+            ],
+        ),
+        "remediation_guards.csv": _csv(
+            GUARD_COLUMNS,
+            [
+                [
+                    g.playbook,
+                    ";".join(g.modes),
+                    g.mode_at_end,
+                    g.paused_during,
+                    g.paused_at_end,
+                    g.breaker_open_during,
+                    g.breaker_open_at_end,
+                    g.text,
+                ]  # fmt: skip
+                for g in report.remediation_guards
             ],
         ),
         "calendar.csv": _csv(CALENDAR_COLUMNS, calendar),

@@ -23,14 +23,14 @@ from redline.devstack.dashcheck.check import (
     fetch_query_range,
     render_outcomes,
 )
-from redline.devstack.samples.dashboards import profile_spec
+from redline.devstack.samples.dashboards import RETENTION_SECONDS, WRITES_PER_SECOND, profile_spec
 from redline.devstack.samples.prometheus import SamplePrometheus, start_sample_prometheus
 from redline.platform.prometheus import PrometheusClient
 from redline.rules.build import p99_record
 from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.sources import PROFILES
-from redline.slo.spec import Spec
+from redline.slo.spec import PLAYBOOK_NAMES, Spec
 
 pytestmark = pytest.mark.integration
 
@@ -146,6 +146,56 @@ def test_red_line_panels_show_the_breach_the_sample_holds(
     alerts = next(q for q in panel_queries(dashboard) if q.where.startswith("annotation 'Critical"))
     fired = fetch_query_range(client, substitute(alerts.expr, context), context)
     assert "RedLineLatencyP99" in {series["metric"]["alertname"] for series in fired}
+
+
+def _query(dashboard: dict[str, Any], where: str) -> str:
+    return next(q.expr for q in panel_queries(dashboard) if where in q.where)
+
+
+def test_guard_rail_panels_show_the_samples_shadow_mode_and_pause(
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
+) -> None:
+    """The sample keeps semantic_rollback in shadow mode and pauses freeze_and_replay for a
+    while: the state panel reads exactly that per playbook, and the shadow annotation marks the
+    regression's shadow run with the alert it answered (what a rollback would have rolled)."""
+    dashboard = _load("remediation.json", spec)
+    context = _context(client, dashboard, prometheus, spec)
+    state = _query(dashboard, "'Next alert: what each playbook does'")
+    result = fetch_query_range(client, substitute(state, context), context)
+    seen = {s["metric"]["playbook"]: {float(v) for _, v in s["values"]} for s in result}
+    assert set(seen) == set(PLAYBOOK_NAMES)
+    assert seen["semantic_rollback"] == {1.0}  # shadow
+    assert seen["freeze_and_replay"] == {0.0, 3.0}  # acts, paused a while
+    assert seen["reroute"] == {0.0}
+    shadow = _query(dashboard, "annotation 'Shadow runs'")
+    marks = fetch_query_range(client, substitute(shadow, context), context)
+    assert {
+        (m["metric"]["playbook"], m["metric"].get("alertname"), m["metric"].get("model_version"))
+        for m in marks
+    } == {("semantic_rollback", "SemanticRollbackTwoSignal", "v2")}
+    skipped = _query(dashboard, "'Skipped runs by reason (range)'")
+    found = fetch_query_range(client, substitute(skipped, context), context)
+    last = {s["metric"]["outcome"]: float(s["values"][-1][1]) for s in found}
+    assert last["paused"] >= 1 and last["over_budget"] >= 1 and last["breaker_open"] == 0
+
+
+def test_delta_log_panels_show_a_bounded_log(
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
+) -> None:
+    """Held entries level off at the retention window's writes and grow only with the freeze's
+    backlog; memory follows the entries."""
+    dashboard = _load("rpo.json", spec)
+    context = _context(client, dashboard, prometheus, spec)
+    entries = _query(dashboard, "'Delta-log entries held, per collection'")
+    memory = _query(dashboard, "'Delta-log memory, per collection'")
+    (held,) = fetch_query_range(client, substitute(entries, context), context)
+    (used,) = fetch_query_range(client, substitute(memory, context), context)
+    values = [float(v) for _, v in held["values"]]
+    assert held["metric"] == {"collection": "documents"}
+    level = WRITES_PER_SECOND * RETENTION_SECONDS
+    assert level <= values[-1] < level + 50  # trimmed level again after the replay
+    assert max(values) > level + 1000  # the freeze's backlog, replayed and trimmed
+    assert min(float(v) for _, v in used["values"]) > values[0]  # bytes, more than entries
 
 
 def test_preview_draws_every_panel_with_data(

@@ -220,6 +220,36 @@ def test_remediation_runs_and_maturity(month: Report) -> None:
     assert checks["replay_verified"] == "met" and checks["reroute_verified"] == "met"
 
 
+def test_remediation_lists_what_ran_what_shadow_would_have_done_and_skips(
+    month: Report, sample_and_blocks: tuple[Sample, Path]
+) -> None:
+    """Each injected run at its minute, with the alert routed to its playbook that was firing
+    then (its labels name the target), from the counters' increases and `ALERTS` alone."""
+    sample = sample_and_blocks[0]
+    got = [(int(a.at.timestamp()), a.playbook, a.outcome) for a in month.remediation_actions]
+    assert got == sorted((r.at, r.playbook, r.outcome) for r in sample.runs)
+    texts = {a.outcome: a.text for a in month.remediation_actions}
+    assert texts["shadow"] == (
+        "shadow: would have rolled back chat v2 at 2025-03-10 10:02 UTC (semantic_rollback)"
+    )
+    assert texts["over_budget"] == (
+        "skipped, over budget: did not reroute traffic away from primary "
+        "at 2025-03-03 10:20 UTC (reroute)"
+    )
+    shadow = next(a for a in month.remediation_actions if a.kind == "shadow")
+    assert shadow.alert == "SemanticRollbackTwoSignal"
+    assert shadow.target == {"model": "chat", "model_version": "v2"}
+    freeze = next(a for a in month.remediation_actions if a.playbook == "freeze_and_replay")
+    assert freeze.target == {
+        "collection": "documents", "red_line": "index_consistency", "replica": "secondary",
+    }  # fmt: skip
+    assert month.summary.remediation_shadow_runs == 1
+    assert month.summary.remediation_skipped_runs == 1
+    (guard,) = month.remediation_guards
+    assert guard.playbook == "semantic_rollback" and guard.mode_at_end == "shadow"
+    assert not guard.paused_during and not guard.breaker_open_during
+
+
 def test_calendar_gives_each_day_its_own_attainment(
     month: Report, sample_and_blocks: tuple[Sample, Path]
 ) -> None:
@@ -302,9 +332,15 @@ def test_same_numbers_in_every_format(prometheus: Service, tmp_path: Path) -> No
     assert [r["alert"] for r in incidents] == [i.alert for i in report.incidents]
     expected_tables = {
         "slos.csv", "red_lines.csv", "rpos.csv", "drift.csv", "incidents.csv", "remediation.csv",
-        "calendar.csv", "deltas.csv", "maturity.csv", "slo_hourly.csv", "signal_hourly.csv",
+        "remediation_actions.csv", "remediation_guards.csv", "calendar.csv", "deltas.csv",
+        "maturity.csv", "slo_hourly.csv", "signal_hourly.csv",
     }  # fmt: skip
     assert {p.name for p in (tmp_path / "csv").iterdir()} == expected_tables
+    with (tmp_path / "csv" / "remediation_actions.csv").open() as handle:
+        actions = list(csv.DictReader(handle))
+    assert [r["text"] for r in actions] == [a.text for a in report.remediation_actions]
+    shadow = [a.text for a in report.remediation_actions if a.kind == "shadow"]
+    assert shadow and all(text in markdown and text in page for text in shadow)
     # Self-contained: no scripts, stylesheets, images or fonts fetched from anywhere.
     assert not re.findall(r'(?:src|href)\s*=\s*"(?:https?:)?//', page)
     assert "<script" not in page and "<link" not in page and "@import" not in page

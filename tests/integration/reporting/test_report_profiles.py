@@ -7,6 +7,8 @@ series, and its notes must name the profile and what vLLM cannot measure.
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,7 +38,8 @@ def spec() -> Spec:
 def prometheus(tmp_path_factory: pytest.TempPathFactory, spec: Spec) -> Iterator[SamplePrometheus]:
     """Three hours of vLLM's series (a latency breach on the primary region) and the rules."""
     workdir: Path = tmp_path_factory.mktemp("vllm-report")
-    sample = start_sample_prometheus(workdir, spec, hours=HOURS)
+    # Ending on a whole hour, so the report's last two hours hold the sample's later incidents.
+    sample = start_sample_prometheus(workdir, spec, hours=HOURS, end=floor_hour(time.time()))
     yield sample
     sample.stop()
 
@@ -75,3 +78,29 @@ def test_the_slos_count_vllms_requests_and_errors(report: Report) -> None:
     assert availability.events == pytest.approx(65 * 7200, rel=0.02)
     assert availability.attainment is not None and 0.99 < availability.attainment < 0.9999
     assert by_name["latency"].attainment is not None and by_name["latency"].attainment < 1
+
+
+def test_the_remediation_section_reads_the_shadow_run_and_the_skips(report: Report) -> None:
+    """The sample keeps semantic_rollback in shadow mode while v2 regresses, pauses
+    freeze_and_replay when the index goes stale, and skips a second reroute over budget."""
+    texts = [a.text for a in report.remediation_actions]
+    shadow = [t for t in texts if t.startswith("shadow:")]
+    assert len(shadow) == 1
+    assert re.fullmatch(
+        r"shadow: would have rolled back chat v2 at \d{4}-\d\d-\d\d \d\d:\d\d UTC "
+        r"\(semantic_rollback\)",
+        shadow[0],
+    )
+    assert any(
+        t.startswith("skipped, paused: did not freeze writes to documents and replay the delta "
+                     "log onto secondary at ")
+        for t in texts
+    )  # fmt: skip
+    assert any(t.startswith("skipped, over budget: did not reroute traffic away from primary")
+               for t in texts)  # fmt: skip
+    assert any(t.startswith("succeeded: rerouted traffic away from primary") for t in texts)
+    guards = {g.playbook: g.text for g in report.remediation_guards}
+    assert guards == {
+        "freeze_and_replay": "freeze_and_replay: paused by a human, resumed by the end",
+        "semantic_rollback": "semantic_rollback: mode shadow during the period, shadow at the end",
+    }

@@ -63,7 +63,10 @@ def test_default_spec_carries_the_seed_numbers() -> None:
 
 def test_default_spec_warns_that_a_120s_checkpoint_cannot_hold_a_90s_rpo() -> None:
     warnings = load_spec().warnings
-    assert [w.field for w in warnings] == ["rpo.lora_adapter.checkpoint_interval_seconds"]
+    assert [w.field for w in warnings] == [
+        "rpo.lora_adapter.checkpoint_interval_seconds",
+        "escalation",
+    ]
     assert "120 s cannot guarantee an RPO of 90 s" in warnings[0].message
 
 
@@ -333,7 +336,8 @@ def test_what_a_profile_cannot_provide_is_a_warning() -> None:
 
 def test_the_gateway_profile_adds_no_warning() -> None:
     assert [w.field for w in load_spec().warnings] == [
-        "rpo.lora_adapter.checkpoint_interval_seconds"
+        "rpo.lora_adapter.checkpoint_interval_seconds",
+        "escalation",
     ]
 
 
