@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,3 +185,33 @@ def test_the_artifact_holds_the_timings(drills: dict[str, DrillResult]) -> None:
         for key in ("time_to_detect", "time_to_notify", "time_to_remediate", "time_to_recover"):
             assert key in entry
     assert StackLayout(Path(data["run_dir"])).root.name == "run"
+
+
+def test_every_dashboard_panel_returns_data_from_the_vllm_stack(
+    vllm_stack: RunningStack, drills: dict[str, DrillResult], tmp_path: Path
+) -> None:
+    """The dashboards `redline up --source vllm` wrote read vLLM's own series through the rules'
+    mirror: after the drills every panel query returns data from the stack's Prometheus (run by
+    `redline dashboards check`); only annotations of incidents these three drills do not cause
+    (RPO, staleness, burn rate) may find none. The spot board needs the spot fleet (checked in
+    tests/integration)."""
+    layout = StackLayout(vllm_stack.run_dir)
+    copied = 0
+    for path in layout.dashboards_dir.glob("*.json"):
+        if path.name != "spot.json":
+            shutil.copy(path, tmp_path / path.name)
+            copied += 1
+    assert copied >= 5
+    state = load_running(vllm_stack.run_dir)
+    last = max(60.0, time.time() - state.started_at)
+    check = redline(
+        "dashboards", "check", "--prometheus", state.endpoints().prometheus_url,
+        "--dir", str(tmp_path), "--profile", "local", "--last", f"{last:.0f}",
+        timeout=300.0,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    *lines, summary = check.stdout.strip().splitlines()
+    # The keep-alive canary's first verdict comes `min_seconds` (300 s) after a canary session
+    # is written: this stack's three drills are over sooner (the gateway suite, longer, sees it).
+    empty = [line for line in lines if not line.startswith("ok") and "annotation" not in line]
+    assert [line for line in empty if "'Keep-alive canary'" not in line] == [], check.stdout
