@@ -112,7 +112,12 @@ def test_every_series_the_generated_rules_read_is_in_the_catalog() -> None:
             for token in TOKEN.findall(expr):
                 if "_" not in token or token.startswith(catalog.RECORD_PREFIX):
                     continue
-                if token in {"histogram_quantile", "absent_over_time", "max_over_time", "label_replace"}:
+                if token in {
+                    "histogram_quantile",
+                    "absent_over_time",
+                    "max_over_time",
+                    "label_replace",
+                }:
                     continue
                 if token not in names:
                     unknown.add(token)
