@@ -45,6 +45,9 @@ def write_outputs(root: Path, outputs: dict[Path, str]) -> list[Path]:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        # mkstemp creates 0600; generated files are mounted read-only into containers whose
+        # user is not the owner, so they must stay world-readable like any checked-out file.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
         changed.append(relative)
     return changed
