@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
+from redline.platform.endpoints import PodSource
 from redline.platform.index import IndexTargetsFields
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
 from redline.slo.spec import PlaybookPolicy
@@ -56,6 +57,11 @@ class ServingSettings(_Section):
         None, description="Model of dry-run probes (None: the first of the upstream's /v1/models)."
     )
     timeout_seconds: float = Field(10.0, gt=0, description="Timeout of each HTTP call.")
+    pods: dict[str, PodSource] = Field(
+        default_factory=dict,
+        description="Per region, how to find every pod behind its URL (urls, dns or "
+        "kubernetes); a region not listed is one pod, its upstream URL (rollback).",
+    )
 
     @field_validator("gateway_url")
     @classmethod
@@ -69,6 +75,14 @@ class ServingSettings(_Section):
             if not _REGION.match(region):
                 raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
         return {region: _check_url(url, f"upstream {region}") for region, url in value.items()}
+
+    @field_validator("pods")
+    @classmethod
+    def _pods(cls, value: dict[str, PodSource]) -> dict[str, PodSource]:
+        for region in value:
+            if not _REGION.match(region):
+                raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
+        return value
 
 
 class RollbackSettings(_Section):
@@ -91,6 +105,9 @@ class RollbackSettings(_Section):
     )
     max_candidates: int = Field(3, ge=1, description="Older verified snapshots tried at most.")
     golden_max_tokens: int = Field(32, ge=1, description="max_tokens of each golden request.")
+    golden_concurrency: int = Field(
+        4, ge=1, le=64, description="Golden prompts asked at once of one pod or the gateway."
+    )
 
     @field_validator("hook_url")
     @classmethod

@@ -194,6 +194,11 @@ def measure_version(
     )
 
 
+VERSION_CACHE_SECONDS = 1.2
+"""A little over the gateway's default `version_ttl_seconds` (1 s): after a switch its cached
+active version has expired before the measurement starts."""
+
+
 def record_baselines(
     layout: StackLayout,
     gateway_url: str,
@@ -201,14 +206,20 @@ def record_baselines(
     buckets: Sequence[float],
     requests: int,
 ) -> list[Measurement]:
-    """Measure every version through the gateway, mark each verified, serve the first again."""
+    """Measure every version through the gateway, mark each verified, serve the first again.
+
+    Each version is made active in the registry before it is measured: the gateway (and the
+    exporter) stamp `model_version` from the active pointer, not from the engine.
+    """
     registry = SnapshotRegistry(layout.snapshots_dir)
     snapshots = {s.version: s for s in registry.list(ADAPTER)}
     measurements = []
     with httpx.Client(timeout=10.0, trust_env=False) as client:
         try:
             for index, version in enumerate(ADAPTER_VERSIONS):
+                registry.activate(ADAPTER, snapshots[version].snapshot_id)
                 load_adapter(client, simulator_urls, str(layout.adapter_dir(version)))
+                time.sleep(VERSION_CACHE_SECONDS)
                 # The stack's parts are still settling when the first version is measured.
                 warmup = 150 if index == 0 else 20
                 measurement = measure_version(
@@ -219,6 +230,7 @@ def record_baselines(
                 )
                 measurements.append(measurement)
         finally:
+            registry.activate(ADAPTER, snapshots[ADAPTER_VERSIONS[0]].snapshot_id)
             load_adapter(client, simulator_urls, str(layout.adapter_dir(ADAPTER_VERSIONS[0])))
     return measurements
 

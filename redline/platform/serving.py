@@ -1,6 +1,15 @@
 """HTTP client of an OpenAI-compatible serving endpoint (vLLM and compatible servers): model
 discovery, dry-run health probes, vLLM's LoRA adapter API.
 
+vLLM's runtime LoRA API (served with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`):
+`POST /v1/load_lora_adapter {"lora_name", "lora_path"[, "load_inplace"]}` and
+`POST /v1/unload_lora_adapter {"lora_name"}`, both answering 200 with plain text, or a JSON
+error (400: bad input or, without `load_inplace`, a name already loaded; 404: no adapter at the
+path, or the name not loaded). `load_inplace: true` (vLLM releases with PR #31326) replaces the
+weights behind a loaded name without a moment where the name is missing; an older vLLM ignores
+the field and answers 400 "already been loaded". `/v1/models` lists each adapter as a card with
+`id` = its name and `root` = the path it was loaded from.
+
 Callers (the remediation playbooks) reach the serving layer over HTTP only, never by importing
 the gateway. Transport failures and 5xx answers raise `redline.core.errors.TransientError` (a
 remediation job is then retried with backoff); a 4xx is the server's considered answer and is
@@ -9,7 +18,9 @@ returned to the caller to judge.
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -79,9 +90,18 @@ class HealthCheck:
         }
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs ~20 ms; playbooks open a client per step, so load it once
+    # (an SSLContext is safe to share between clients and threads).
+    return httpx.create_ssl_context(trust_env=False)
+
+
 def http_client(timeout_seconds: float) -> httpx.Client:
     """A client for loopback or cluster-internal calls: no proxies from the environment."""
-    return httpx.Client(timeout=timeout_seconds, trust_env=False, follow_redirects=False)
+    return httpx.Client(
+        timeout=timeout_seconds, trust_env=False, follow_redirects=False, verify=_tls_context()
+    )
 
 
 def call(
@@ -159,6 +179,29 @@ def unload_lora_adapter(client: httpx.Client, base_url: str, name: str) -> HttpA
     return call(client, "POST", base_url + UNLOAD_PATH, body={"lora_name": name})
 
 
-def load_lora_adapter(client: httpx.Client, base_url: str, name: str, path: str) -> HttpAnswer:
-    """vLLM `POST /v1/load_lora_adapter {"lora_name", "lora_path"}` (200 loaded)."""
-    return call(client, "POST", base_url + LOAD_PATH, body={"lora_name": name, "lora_path": path})
+def load_lora_adapter(
+    client: httpx.Client, base_url: str, name: str, path: str, *, inplace: bool = False
+) -> HttpAnswer:
+    """vLLM `POST /v1/load_lora_adapter {"lora_name", "lora_path"[, "load_inplace"]}` (200
+    loaded; with `inplace` a loaded name is given the new weights without being unloaded)."""
+    body: dict[str, Any] = {"lora_name": name, "lora_path": path}
+    if inplace:
+        body["load_inplace"] = True
+    return call(client, "POST", base_url + LOAD_PATH, body=body)
+
+
+def adapter_roots(cards: list[dict[str, Any]]) -> dict[str, str | None]:
+    """Name -> `root` (the path it was loaded from) of every card that has a parent (an
+    adapter on a base model; the base model itself has none)."""
+    roots: dict[str, str | None] = {}
+    for card in cards:
+        name = card.get("id")
+        if isinstance(name, str) and card.get("parent"):
+            root = card.get("root")
+            roots[name] = root if isinstance(root, str) else None
+    return roots
+
+
+def is_already_loaded(answer: HttpAnswer) -> bool:
+    """A load refused because the name is loaded (how a vLLM without `load_inplace` answers)."""
+    return answer.status == 400 and "already been loaded" in answer.error_message()

@@ -55,6 +55,14 @@ class Rollback:
             roots[region] = card["root"] if card else None
         return roots
 
+    def served_names(self) -> dict[str, list[str]]:
+        """Per region, the adapters the simulator serves."""
+        names: dict[str, list[str]] = {}
+        for region, server in self.stack.sims.items():
+            cards = self.stack.client.get(f"{server.url}/v1/models").json()["data"]
+            names[region] = sorted(c["id"] for c in cards if c.get("parent"))
+        return names
+
     def adapter_dir(self, version: str) -> str:
         """The adapter directory of a version."""
         return str(Path(self.snapshots[version].weights_path).parent)
@@ -136,10 +144,18 @@ def test_rollback_skips_the_tampered_snapshot_and_the_simulator_serves_the_resto
     [skip] = records(job, "skip_snapshot")
     assert skip["data"]["snapshot_id"] == rollback.snapshots["v3"].snapshot_id
     assert "hash mismatch" in skip["detail"] and "weights" in skip["detail"]
-    # Every upstream went through unload + load of v2's directory.
-    loads = records(job, "load_adapter")
-    assert {r["data"]["region"] for r in loads} == {"primary", "secondary"}
-    assert {r["data"]["action"] for r in loads} == {"unloaded and loaded"}
+    # Every region's one pod (its upstream URL) loaded v2 beside v4 under a staged name, answered
+    # the golden set under it, reloaded the served name in place, then dropped the staged copy.
+    staged, switched = records(job, "stage_adapter"), records(job, "switch_adapter")
+    assert {r["data"]["region"] for r in switched} == {"primary", "secondary"}
+    assert {r["data"]["lora_name"] for r in staged} == {f"{MODEL}@v2"}
+    assert {r["data"]["action"] for r in staged} == {"loaded"}
+    assert {r["data"]["action"] for r in switched} == {"reloaded in place"}
+    assert len(records(job, "precheck")) == 2
+    assert {tuple(r["data"]["unloaded"]) for r in records(job, "unload_staged")} == {
+        (f"{MODEL}@v2",)
+    }
+    assert rollback.served_names() == {"primary": [MODEL], "secondary": [MODEL]}
     assert rollback.served_roots() == {
         "primary": rollback.adapter_dir("v2"),
         "secondary": rollback.adapter_dir("v2"),
@@ -166,11 +182,17 @@ def test_continuity_failure_falls_back_to_the_next_older_verified_snapshot(
     assert rollback.active() == "v1"
     [rejected] = records(job, "reject_snapshot")
     assert rejected["data"]["snapshot_id"] == rollback.snapshots["v2"].snapshot_id
+    # v2 was caught on the pods under its staged name, before any client was switched to it.
+    assert "golden set on the staged adapter" in rejected["detail"]
     assert "accuracy 0.0000 < 0.9920" in rejected["detail"]
     assert "mean similarity" in rejected["detail"]
-    first, second = records(job, "continuity")
-    assert first["data"]["below_threshold"] == sorted(item.id for item in GOLDEN_SET)
-    assert second["data"]["served_versions"] == {"v1": len(GOLDEN_SET)}
+    checks = records(job, "precheck")
+    assert [c["data"]["model"] for c in checks] == [f"{MODEL}@v2"] * 2 + [f"{MODEL}@v1"] * 2
+    assert checks[0]["data"]["below_threshold"] == sorted(item.id for item in GOLDEN_SET)
+    switched = records(job, "switch_adapter")
+    assert {r["data"]["lora_path"] for r in switched} == {rollback.adapter_dir("v1")}
+    [continuity] = records(job, "continuity")
+    assert continuity["data"]["served_versions"] == {"v1": len(GOLDEN_SET)}
     assert rollback.served_roots() == {
         "primary": rollback.adapter_dir("v1"),
         "secondary": rollback.adapter_dir("v1"),
@@ -209,8 +231,9 @@ def test_no_snapshot_passing_continuity_fails_loudly_and_puts_the_original_back(
 def test_worker_killed_mid_rollback_the_next_worker_finds_pointer_and_adapter_in_place(
     rollback: Rollback, tmp_path: Path
 ) -> None:
-    # Slow golden answers on v2 so the kill lands during the continuity check.
-    slow = {"versions": {"v2": {"latency": {"base_seconds": 0.3}}}}
+    # Slow golden answers on v2 (3 rounds of 4 at once: ~3 s) so the kill lands during the
+    # continuity check through the gateway, before the staged copies are unloaded.
+    slow = {"versions": {"v2": {"latency": {"base_seconds": 1.0}}}}
     for region in rollback.stack.sims:
         rollback.stack.faults(region, slow)
     [job_id] = deliver(rollback.settings, _alert("a0000000000000a4"))
@@ -218,11 +241,11 @@ def test_worker_killed_mid_rollback_the_next_worker_finds_pointer_and_adapter_in
     store, client = store_for(rollback.settings)
     try:
 
-        def loaded_everywhere() -> bool:
+        def switched_everywhere() -> bool:
             job = store.get(job_id)
-            return job is not None and len(records(job, "load_adapter")) == 2
+            return job is not None and len(records(job, "switch_adapter")) == 2
 
-        wait_for(loaded_everywhere, timeout=30, what="the adapter loaded on both regions")
+        wait_for(switched_everywhere, timeout=30, what="the adapter switched on both regions")
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         assert store.get(job_id).status == "running"  # type: ignore[union-attr]
@@ -239,9 +262,14 @@ def test_worker_killed_mid_rollback_the_next_worker_finds_pointer_and_adapter_in
     second = [s for s in job.steps if s["attempt"] == 2]
     [pointer] = [s for s in second if s["name"] == "switch_pointer"]
     assert "already points at" in pointer["detail"]
-    assert {s["data"]["action"] for s in second if s["name"] == "load_adapter"} == {
+    # Killed during the golden set through the gateway: the staged copy was still loaded.
+    assert {s["data"]["action"] for s in second if s["name"] == "stage_adapter"} == {
+        "already loaded"
+    }
+    assert {s["data"]["action"] for s in second if s["name"] == "switch_adapter"} == {
         "already served"
     }
+    assert rollback.served_names() == {"primary": [MODEL], "secondary": [MODEL]}
     assert rollback.active() == "v2"
     assert set(rollback.served_roots().values()) == {rollback.adapter_dir("v2")}
 
@@ -264,12 +292,15 @@ def test_dry_run_returns_the_plan_and_changes_nothing(rollback: Rollback) -> Non
     [job] = run_jobs(rollback.settings, _alert("a0000000000000a5", dry_run="true"))
     assert job.status == "planned" and job.outcome == "dry_run"
     assert job.plan is not None
-    assert [step["name"] for step in job.plan] == [
-        "select_snapshot",
-        "try_snapshot",
-        "try_snapshot",
+    assert [(step["name"], step["read_only"]) for step in job.plan] == [
+        ("discover_pods", True),
+        ("check_pods", True),
+        ("check_golden", True),
+        ("select_snapshot", True),
+        ("try_snapshot", False),
+        ("try_snapshot", False),
     ]
-    select = job.plan[0]["params"]
+    select = job.plan[3]["params"]
     ids = {v: s.snapshot_id for v, s in rollback.snapshots.items()}
     assert select["origin"] == ids["v4"]
     assert select["candidates"] == [ids["v2"], ids["v1"]]
@@ -351,6 +382,12 @@ def test_a_configured_hook_is_told_instead_of_the_lora_api(
     assert call["snapshot_id"] == v2.snapshot_id and call["version"] == "v2"
     assert call["lora_name"] == MODEL and call["lora_path"] == rollback.adapter_dir("v2")
     assert call["weights_sha256"] == v2.weights_sha256
-    assert records(job, "load_adapter") == [] and len(records(job, "hook")) == 1
+    assert records(job, "switch_adapter") == [] and len(records(job, "hook")) == 1
+    assert [step["name"] for step in job.plan or []] == [
+        "check_golden",
+        "select_snapshot",
+        "try_snapshot",
+        "try_snapshot",
+    ]
     assert rollback.active() == "v2"
     assert set(rollback.served_roots().values()) == {rollback.adapter_dir("v2")}

@@ -54,7 +54,12 @@ def test_playbooks_turned_off_are_not_checked(tmp_path: Path) -> None:
                 "version": "v1",
                 "service": "chat",
                 "regions": ["a", "b"],
-                "remediation": {"playbooks": {"reroute": {"mode": "off"}}},
+                "remediation": {
+                    "playbooks": {
+                        "reroute": {"mode": "off"},
+                        "semantic_rollback": {"mode": "off"},
+                    }
+                },
             }
         )
     )
