@@ -5,16 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from redline.cli import sources as sources_cli
 from redline.cli.main import app
 from redline.slo import catalog
 from redline.slo.sources import CANONICAL, PROFILE_NAMES, PROFILES
 
 
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wide enough that no cell wraps, so the names read whole: the CLI's console is created at
+    import, when COLUMNS may not be set yet (another test imported it first)."""
+    monkeypatch.setattr(sources_cli, "out", Console(width=400, soft_wrap=True, highlight=False))
+
+
 def _run(*args: str) -> tuple[int, str]:
-    # Wide enough that no cell wraps: the names read whole.
-    result = CliRunner().invoke(app, ["sources", *args], env={"COLUMNS": "400"})
+    result = CliRunner().invoke(app, ["sources", *args])
     return result.exit_code, result.output
 
 
