@@ -21,6 +21,7 @@ each pod's `/v1/models` and does only what is missing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,6 +63,24 @@ from redline.remediation.settings import RollbackSettings, ServingSettings
 
 _POD_CONCURRENCY = 8
 """Pods asked the golden set at once."""
+
+
+VERSION_SETTLE_SECONDS = 5.0
+"""Longest wait for a gateway's cached active version to follow a moved pointer (its
+`version_ttl_seconds` is 1 s by default)."""
+VERSION_SETTLE_POLL_SECONDS = 0.5
+
+
+def _only_the_version_lags(verdict: Continuity) -> bool:
+    """True when the golden answers passed and only the version they were stamped with is off."""
+    data = verdict.data
+    if "accuracy" not in data or "served_versions" not in data:
+        return False
+    return (
+        data["accuracy"] >= data["accuracy_floor"]
+        and data["mean_similarity"] >= data["similarity_threshold"]
+        and "served by version(s)" in verdict.reason
+    )
 
 
 @dataclass(frozen=True)
@@ -291,9 +310,16 @@ class Switcher:
         served = self.served_version(snapshot, roots)
         gateway = self.serving.gateway_url
         assert gateway is not None  # settings checked before planning
-        verdict = check_continuity(
-            client, gateway, name, snapshot, self.golden_set, self.gates, served
-        )
+        # A gateway stamps versions from the registry through a short cache: right after the
+        # pointer moved it may still name the old version for a moment. Only that is waited out.
+        deadline = time.monotonic() + VERSION_SETTLE_SECONDS
+        while True:
+            verdict = check_continuity(
+                client, gateway, name, snapshot, self.golden_set, self.gates, served
+            )
+            if verdict.ok or not _only_the_version_lags(verdict) or time.monotonic() > deadline:
+                break
+            time.sleep(VERSION_SETTLE_POLL_SECONDS)
         self.ctx.record("continuity", verdict.reason, **verdict.data)
         return verdict
 
