@@ -32,7 +32,7 @@ from redline.devstack.errors import (
 )
 from redline.devstack.health import check_stack
 from redline.devstack.interrupts import InterruptGuard, interrupt_on_signals
-from redline.devstack.layout import ADAPTER_VERSIONS, STACK_SOURCES
+from redline.devstack.layout import ADAPTER_VERSIONS, DEFAULT_PODS, MAX_PODS, STACK_SOURCES
 from redline.devstack.loadgen import LoadGenerator, LoadgenSettings, write_reference
 from redline.devstack.models import (
     BaselineError,
@@ -124,7 +124,8 @@ def bring_up(options: UpOptions, guard: InterruptGuard | None = None) -> StackSt
             measurements = record_baselines(
                 state.layout(),
                 endpoints.client_url,
-                list(endpoints.upstreams.values()),
+                # Every pod: a load through a region's service reaches only one of them.
+                [url for region in endpoints.regions for url in endpoints.pod_urls(region)],
                 spec.sources.buckets,
                 options.baseline_requests,
             )
@@ -159,10 +160,27 @@ def up(
     seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
     regions: RegionsOpt = None,
     source: SourceOpt = None,
+    pods: Annotated[
+        int,
+        typer.Option(
+            "--pods",
+            min=1,
+            max=MAX_PODS,
+            help="Simulator pods per region, each its own process, behind the region's "
+            "round-robin service front (a Kubernetes Service stand-in).",
+        ),
+    ] = DEFAULT_PODS,
 ) -> None:
     """Start the local stack (every part detached) and print where everything is."""
     options = UpOptions(
-        run_dir, spec, parse_ports(port), rate, seed, prometheus_regions=regions, source=source
+        run_dir,
+        spec,
+        parse_ports(port),
+        rate,
+        seed,
+        prometheus_regions=regions,
+        source=source,
+        pods=pods,
     )
     try:
         with interrupt_on_signals() as guard:

@@ -35,6 +35,8 @@ from redline.devstack.layout import (
     StackLayout,
     check_source,
     has_gateway,
+    pod_name,
+    service_part,
     simulator_part,
 )
 from redline.devstack.multiregion import GLOBAL_PART, build_multiregion_configs, regional_part
@@ -43,6 +45,8 @@ from redline.rules.model import format_duration
 from redline.slo.sources import PROFILES, SIGNAL_KINDS
 from redline.slo.spec import Receiver, Sources, Spec
 
+SERVICE_MODULE = "redline.devstack.fakes.service"
+"""Run with `python -m` as each region's service front."""
 GATEWAY_ONLY_PLAYBOOKS = frozenset({"reroute"})
 """Playbooks that act through redline's gateway (its routing override): a stack without the
 gateway cannot run them, so its spec pages a human instead."""
@@ -102,17 +106,20 @@ def engine_job(endpoints: Endpoints) -> str | None:
 
 
 def build_engine_job(endpoints: Endpoints) -> dict[str, Any]:
-    """Every region's simulator (its engine /metrics), each with a `region` target label: the
-    profile maps the engine's series' `region` label onto the catalog's."""
+    """Every pod of every region (its engine /metrics, scraped pod by pod as Kubernetes service
+    discovery would, never through the region's service), each with `region` and `pod` target
+    labels: the profile maps the engine's series' `region` label onto the catalog's, and the
+    recordings sum the pods of a region."""
     name = engine_job(endpoints)
     if name is None:
         raise ValueError("the gateway stack scrapes no engine")
     targets = [
         {
-            "targets": [f"{endpoints.host}:{endpoints.ports[simulator_part(region)]}"],
-            "labels": {"region": region},
+            "targets": [endpoints.pod_address(region, pod)],
+            "labels": {"region": region, "pod": pod_name(region, pod)},
         }
         for region in endpoints.regions
+        for pod in range(endpoints.pods)
     ]
     return {"job_name": name, "static_configs": targets}
 
@@ -198,20 +205,39 @@ def build_healthy_faults(region_index: int) -> dict[str, Any]:
 
 
 def build_simulator_settings(
-    region: str, region_index: int, endpoints: Endpoints, layout: StackLayout, seed: int
+    region: str,
+    region_index: int,
+    endpoints: Endpoints,
+    layout: StackLayout,
+    seed: int,
+    pod: int = 0,
 ) -> dict[str, Any]:
-    """Settings of one region's upstream simulator, serving the active adapter version; without
-    a gateway it publishes the engine's exposition on /metrics."""
+    """Settings of one simulator pod of a region, serving the active adapter version; without
+    a gateway it publishes the engine's exposition on /metrics. Pods of a region behave alike
+    (same faults) with their own dice."""
     engine = {} if endpoints.has_gateway else {"metrics_profile": endpoints.source}
     return {
         **engine,
         "host": endpoints.host,
-        "port": endpoints.ports[simulator_part(region)],
+        "port": endpoints.ports[simulator_part(region, pod)],
         "region": region,
         "base_model": BASE_MODEL,
         "adapters": {ADAPTER: str(layout.adapter_dir(ADAPTER_VERSIONS[0]))},
-        "seed": seed + region_index,
+        "seed": seed + region_index + 100 * pod,
         "faults": build_healthy_faults(region_index),
+        "log_level": "warning",
+    }
+
+
+def build_service_settings(region: str, endpoints: Endpoints) -> dict[str, Any]:
+    """Settings of a region's service front: round robin over the region's pods
+    (`redline.devstack.fakes.service`)."""
+    return {
+        "host": endpoints.host,
+        "port": endpoints.ports[service_part(region)],
+        "region": region,
+        "pods": endpoints.pod_urls(region),
+        "eject_seconds": 2.0,
         "log_level": "warning",
     }
 
@@ -232,6 +258,10 @@ def build_gateway_settings(
         **_spec_fields(spec_path),
         **({"snapshots_root": str(snapshots_dir)} if snapshots_dir is not None else {}),
         "upstreams": endpoints.upstreams,
+        # The rollback checks the golden set through the gateway right after it moves the
+        # registry's pointer: a shorter cache of the active version than the default 1 s keeps
+        # the version the gateway stamps close to what the pods serve (a registry read is cheap).
+        "version_ttl_seconds": 0.1,
         "first_byte_budget_seconds": 1.0,
         "log_level": "warning",
     }
@@ -328,11 +358,14 @@ def build_exporter_settings(
 
 def build_playbook_sections(endpoints: Endpoints, layout: StackLayout) -> dict[str, Any]:
     """The receiver's playbook sections: where each playbook finds what it acts on (without a
-    gateway, the rollback's golden set asks the first region's engine)."""
+    gateway, the rollback's golden set asks the first region's service). The upstreams are the
+    regions' service fronts; the rollback finds every pod behind them from a static list, as it
+    would from a headless Service's DNS or the Service's EndpointSlices."""
     return {
         "serving": {
             "gateway_url": endpoints.client_url,
             "upstreams": endpoints.upstreams,
+            "pods": {region: {"urls": endpoints.pod_urls(region)} for region in endpoints.regions},
             "probe_model": BASE_MODEL,
             "timeout_seconds": 5.0,
         },
@@ -350,13 +383,17 @@ def build_playbook_sections(endpoints: Endpoints, layout: StackLayout) -> dict[s
             },
         },
         # A short hold-down and restore period (the spec's is 120 s): the drills wait for the
-        # routing to be restored before the next one.
+        # routing to be restored before the next one. The restore also reads the exporter's
+        # probe durations and the recorded P99 from the stack's Prometheus, as a deployment
+        # would: the `latency-persistent` drill checks that a region still slow keeps the
+        # override across several of these periods.
         "reroute": {
             "hold_down_seconds": 3.0,
             "healthy_checks": 3,
             "poll_seconds": 0.25,
             "restore_check_seconds": 1.0,
             "restore_for_seconds": 5.0,
+            "prometheus_url": endpoints.prometheus_url,
         },
     }
 
@@ -434,11 +471,22 @@ def build_part_commands(
     spec_args = ("--spec", str(spec_path)) if spec_path is not None else ()
     commands = [
         command(
-            simulator_part(region),
+            simulator_part(region, pod),
             ("simulate", "upstream"),
-            build_simulator_settings(region, index, endpoints, layout, seed),
+            build_simulator_settings(region, index, endpoints, layout, seed, pod),
         )
         for index, region in enumerate(endpoints.regions)
+        for pod in range(endpoints.pods)
+    ]
+    # The service fronts are plain modules, not CLI commands: one lean process per region.
+    service_argv = (python, "-m", SERVICE_MODULE, "--config")
+    commands += [
+        PartCommand(
+            service_part(region),
+            (*service_argv, str(layout.settings_file(service_part(region)))),
+            build_service_settings(region, endpoints),
+        )
+        for region in endpoints.regions
     ]
     # Three workers in two processes: jobs keep flowing while one process restarts.
     receiver = build_remediation_settings(endpoints, layout, spec_path, workers=1)

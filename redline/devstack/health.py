@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import httpx
 import redis
 
+from redline.devstack.fakes.service import HEALTH_PATH as SERVICE_HEALTH_PATH
 from redline.devstack.layout import COLLECTION, INDEX_DIM, REPLICA_INDEX, StackLayout
 from redline.devstack.loadgen import summarize_stats
 from redline.devstack.parts import part_alive
@@ -78,6 +79,13 @@ class _Checker:
             faults = self.get(f"{url}/admin/faults").json()
             return ok, f"latency base {faults['latency']['base_seconds']:g} s, " + (
                 f"outage {faults['outage']}" if faults["outage"] != "none" else "no outage"
+            )
+        if name.startswith("service-"):
+            answer = self.get(f"{url}{SERVICE_HEALTH_PATH}")
+            body = answer.json()
+            pods = body["pods"]
+            return answer.status_code == 200 and body["serving"] == len(pods), (
+                f"{body['serving']}/{len(pods)} pods in turn"
             )
         if name == "gateway":
             return self.get(f"{url}/healthz").status_code == 200, "healthz 200"

@@ -60,9 +60,38 @@ class StackConfigError(Exception):
     """The stack cannot be configured as asked (e.g. a spec with one region, a bad port)."""
 
 
-def simulator_part(region: str) -> str:
-    """The part name of a region's upstream simulator."""
-    return f"simulator-{region}"
+DEFAULT_PODS = 2
+"""Simulator pods per region (`redline up --pods N`): a change made through a region's URL
+reaches one pod, so the rollback must act on every pod and the drills prove it does."""
+MAX_PODS = 8
+
+
+def simulator_part(region: str, pod: int) -> str:
+    """The part name of one simulator pod of a region (`simulator-<region>-<n>`)."""
+    return f"simulator-{region}-{pod}"
+
+
+def pod_name(region: str, pod: int) -> str:
+    """The `pod` target label of one simulator pod (`<region>-<n>`)."""
+    return f"{region}-{pod}"
+
+
+def service_part(region: str) -> str:
+    """The part name of a region's service front (`service-<region>`): the round-robin proxy
+    over the region's pods, standing in for a Kubernetes Service."""
+    return f"service-{region}"
+
+
+def check_pods(pods: int) -> None:
+    """StackConfigError unless 1 <= pods <= MAX_PODS."""
+    if not 1 <= pods <= MAX_PODS:
+        raise StackConfigError(f"--pods {pods}: the local stack runs 1 to {MAX_PODS} pods a region")
+
+
+def build_serving_parts(regions: Sequence[str], pods: int) -> tuple[str, ...]:
+    """Every region's simulator pods, then every region's service front (start order)."""
+    simulators = tuple(simulator_part(r, i) for r in regions for i in range(pods))
+    return (*simulators, *(service_part(r) for r in regions))
 
 
 def build_service_parts(prometheus_regions: Sequence[str] = ()) -> tuple[str, ...]:
@@ -95,19 +124,25 @@ def _http_parts(source: str) -> list[str]:
 
 
 def build_part_names(
-    regions: Sequence[str], prometheus_regions: Sequence[str] = (), source: str = GATEWAY_SOURCE
+    regions: Sequence[str],
+    prometheus_regions: Sequence[str] = (),
+    source: str = GATEWAY_SOURCE,
+    pods: int = DEFAULT_PODS,
 ) -> tuple[str, ...]:
     """Every part in start order (stop order is the reverse); no gateway for an engine source."""
     services = build_service_parts(prometheus_regions)
-    return (*services, *(simulator_part(r) for r in regions), *_tail_parts(source))
+    return (*services, *build_serving_parts(regions, pods), *_tail_parts(source))
 
 
 def build_ported_parts(
-    regions: Sequence[str], prometheus_regions: Sequence[str] = (), source: str = GATEWAY_SOURCE
+    regions: Sequence[str],
+    prometheus_regions: Sequence[str] = (),
+    source: str = GATEWAY_SOURCE,
+    pods: int = DEFAULT_PODS,
 ) -> tuple[str, ...]:
     """The parts that listen on a TCP port."""
     services = build_service_parts(prometheus_regions)
-    return (*services, *(simulator_part(r) for r in regions), *_http_parts(source))
+    return (*services, *build_serving_parts(regions, pods), *_http_parts(source))
 
 
 @dataclass(frozen=True)
@@ -228,6 +263,8 @@ class Endpoints:
     """Regions with their own Prometheus (federated by the global one); empty: one Prometheus."""
     source: str = GATEWAY_SOURCE
     """`redline-gateway`, or the engine profile the simulators publish (no gateway then)."""
+    pods: int = DEFAULT_PODS
+    """Simulator pods per region, behind the region's service front."""
 
     def _url(self, part: str) -> str:
         return f"http://{self.host}:{self.ports[part]}"
@@ -281,8 +318,8 @@ class Endpoints:
     @property
     def client_url(self) -> str:
         """Where clients (load generator, golden probe, baselines) send their requests: the
-        gateway, or without one the first region's engine (the simulator) directly."""
-        return self.gateway_url if self.has_gateway else self.simulator_url(self.regions[0])
+        gateway, or without one the first region's service (its engine pods) directly."""
+        return self.gateway_url if self.has_gateway else self.service_url(self.regions[0])
 
     @property
     def exporters_url(self) -> str:
@@ -299,14 +336,27 @@ class Endpoints:
         """Milvus Lite of the replica index."""
         return self._url("milvus-replica")
 
-    def simulator_url(self, region: str) -> str:
-        """The upstream simulator of a region."""
-        return self._url(simulator_part(region))
+    def service_url(self, region: str) -> str:
+        """A region's service front: what the gateway, the probes and clients call, as they
+        would call a Kubernetes Service (one pod answers each request)."""
+        return self._url(service_part(region))
+
+    def pod_parts(self, region: str) -> list[str]:
+        """The part names of a region's simulator pods."""
+        return [simulator_part(region, i) for i in range(self.pods)]
+
+    def pod_urls(self, region: str) -> list[str]:
+        """The base URLs of a region's simulator pods (fault knobs, LoRA API, status)."""
+        return [self._url(part) for part in self.pod_parts(region)]
+
+    def pod_address(self, region: str, pod: int) -> str:
+        """`host:port` of one simulator pod (a scrape target)."""
+        return f"{self.host}:{self.ports[simulator_part(region, pod)]}"
 
     @property
     def upstreams(self) -> dict[str, str]:
-        """Region -> simulator URL, in failover order."""
-        return {region: self.simulator_url(region) for region in self.regions}
+        """Region -> its service front's URL, in failover order."""
+        return {region: self.service_url(region) for region in self.regions}
 
 
 def build_endpoints(
@@ -315,10 +365,12 @@ def build_endpoints(
     host: str = HOST,
     prometheus_regions: Sequence[str] = (),
     source: str = GATEWAY_SOURCE,
+    pods: int = DEFAULT_PODS,
 ) -> Endpoints:
     """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
     check_source(source)
-    parts = build_ported_parts(regions, prometheus_regions, source)
+    check_pods(pods)
+    parts = build_ported_parts(regions, prometheus_regions, source, pods)
     missing = [part for part in parts if part not in ports]
     if missing:
         raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
@@ -327,7 +379,7 @@ def build_endpoints(
             raise StackConfigError(f"port of {part} must be 1..65535, got {port}")
     if len(set(ports.values())) != len(ports):
         raise StackConfigError("two parts were given the same port")
-    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions), source)
+    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions), source, pods)
 
 
 def check_regions(spec: Spec) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from redline.devstack.errors import StackError
+from redline.devstack.fakes.service import HEALTH_PATH as SERVICE_HEALTH_PATH
 from redline.devstack.interrupts import InterruptGuard
 from redline.devstack.processes import (
     Process,
@@ -120,6 +121,8 @@ def _ready_check(part: PartState) -> Callable[[], bool]:
     """Ready: the HTTP parts answer their health path, the others logged their start line (or,
     without one, have stayed up for a second)."""
     path = READY_PATHS.get(part.name, "/healthz" if part.name.startswith("simulator-") else None)
+    if part.name.startswith("service-"):
+        path = SERVICE_HEALTH_PATH
     marker = LOG_MARKERS.get(part.name)
     settle = time.monotonic() + 1.0
     if path is not None and part.url is not None:

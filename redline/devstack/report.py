@@ -78,10 +78,28 @@ def build_rows(results: Sequence[DrillResult]) -> list[dict[str, str]]:
                 "failed req": "-"
                 if data["failed_requests"] is None
                 else str(data["failed_requests"]),
-                "result": "ok" if result.ok else "FAILED",
+                "result": _verdict(result),
             }
         )
     return rows
+
+
+def _verdict(result: DrillResult) -> str:
+    if result.not_applicable is not None and result.ok:
+        return "n/a"
+    return "ok" if result.ok else "FAILED"
+
+
+def build_figure_lines(results: Sequence[DrillResult]) -> list[str]:
+    """One line per drill that measured more than the timings (its figures), or says why it
+    does not apply to this stack."""
+    lines = []
+    for result in results:
+        if result.not_applicable is not None:
+            lines.append(f"{result.drill}: does not apply: {result.not_applicable}")
+        elif result.figures:
+            lines.append(f"{result.drill}: " + " · ".join(f.text() for f in result.figures))
+    return lines
 
 
 def build_table(results: Sequence[DrillResult], title: str = "redline drills") -> Table:
@@ -90,7 +108,7 @@ def build_table(results: Sequence[DrillResult], title: str = "redline drills") -
     for header, _ in COLUMNS:
         table.add_column(header, justify="left" if header in ("drill", "alert") else "right")
     for row in build_rows(results):
-        style = None if row["result"] == "ok" else "red"
+        style = None if row["result"] in ("ok", "n/a") else "red"
         table.add_row(*(row[header] for header, _ in COLUMNS), style=style)
     return table
 
@@ -99,13 +117,17 @@ def build_blocks(results: Sequence[DrillResult], title: str = "redline drills") 
     """The same timings as one block per drill (a heading line, then one line per column), for
     output too narrow for the table."""
     blocks: list[RenderableType] = [Text(title, style="italic")]
-    for row in build_rows(results):
-        style = "" if row["result"] == "ok" else "red"
+    for result, row in zip(results, build_rows(results), strict=True):
+        style = "" if row["result"] in ("ok", "n/a") else "red"
         grid = Table.grid(padding=(0, 2))
         grid.add_column(no_wrap=True)
         grid.add_column(overflow="fold")
         for header, _ in COLUMNS[1:-1]:
             grid.add_row(f"  {header}", row[header])
+        for figure in result.figures:
+            grid.add_row(f"  {figure.label}", figure.text()[len(figure.label) + 1 :])
+        if result.not_applicable is not None:
+            grid.add_row("  does not apply", result.not_applicable)
         blocks += [Text(""), Text(f"{row['drill']}: {row['result']}", style=style), grid]
     return Group(*blocks, Text(""), Text(CAPTION, style="dim"))
 
@@ -122,7 +144,12 @@ def build_report(
     """The timings table when it fits `width` columns, else one block per drill: a cut cell
     (`dri…`) says nothing."""
     table = build_table(results, title)
-    return table if table_width(table) <= width else build_blocks(results, title)
+    if table_width(table) > width:
+        return build_blocks(results, title)
+    lines = build_figure_lines(results)
+    if not lines:
+        return table
+    return Group(table, *(Text(line, overflow="fold") for line in lines))
 
 
 def render_json(results: Sequence[DrillResult], extra: dict[str, Any] | None = None) -> str:
@@ -167,7 +194,10 @@ class DrillBoard:
         """A drill's result."""
         with self._lock:
             self.results[result.drill] = result
-            self.status[result.drill] = "ok" if result.ok else f"FAILED {result.error or ''}"
+            verdict = _verdict(result)
+            self.status[result.drill] = (
+                f"FAILED {result.error or ''}" if verdict == "FAILED" else verdict
+            )
 
     def __rich__(self) -> RenderableType:
         table = Table(title="redline drills (live)", expand=True)

@@ -38,6 +38,7 @@ from redline.devstack.errors import (
 )
 from redline.devstack.interrupts import InterruptGuard, shield_cleanup
 from redline.devstack.layout import (
+    DEFAULT_PODS,
     GATEWAY_SOURCE,
     HOST,
     STACK_SOURCES,
@@ -47,6 +48,7 @@ from redline.devstack.layout import (
     build_endpoints,
     build_ported_parts,
     build_service_parts,
+    check_pods,
     check_regions,
     check_source,
 )
@@ -105,6 +107,8 @@ class UpOptions:
     source: str | None = None
     """`--source`: redline-gateway or an engine profile (vllm: no gateway); None follows the
     spec's `sources.profile`."""
+    pods: int = DEFAULT_PODS
+    """`--pods N`: simulator pods per region, behind the region's service front."""
 
 
 SERVICE_BINARIES = {
@@ -347,6 +351,10 @@ def start_stack(
     `setup_models` writes the adapter files and snapshots before the simulators start;
     `after_start` runs once every part is up but the load generator (baselines).
     """
+    try:
+        check_pods(options.pods)
+    except StackConfigError as exc:
+        raise StackError(str(exc)) from None
     check_binaries()
     loaded, spec = _load(options.spec_path)
     source = resolve_source(spec, options.source)
@@ -354,10 +362,14 @@ def start_stack(
     layout = StackLayout(options.run_dir.resolve())
     with run_dir_lock(layout):
         prepare_run_dir(layout, say)
-        parts = build_ported_parts(spec.regions, prometheus_regions, source)
+        parts = build_ported_parts(spec.regions, prometheus_regions, source, options.pods)
         ports = choose_ports(parts, options.ports)
         endpoints = build_endpoints(
-            ports, spec.regions, prometheus_regions=prometheus_regions, source=source
+            ports,
+            spec.regions,
+            prometheus_regions=prometheus_regions,
+            source=source,
+            pods=options.pods,
         )
         spec_path = options.spec_path.resolve() if options.spec_path else None
         commands = build_part_commands(
@@ -375,6 +387,7 @@ def start_stack(
             regions=list(spec.regions),
             prometheus_regions=list(prometheus_regions),
             source=source,
+            pods=options.pods,
             ports=ports,
             rate=options.rate,
             seed=options.seed,

@@ -18,7 +18,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from redline.devstack.config import build_source_spec
 from redline.devstack.errors import StackError
-from redline.devstack.layout import GATEWAY_SOURCE, Endpoints, StackLayout, build_endpoints
+from redline.devstack.layout import (
+    DEFAULT_PODS,
+    GATEWAY_SOURCE,
+    Endpoints,
+    StackLayout,
+    build_endpoints,
+)
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.spec import Spec
 
@@ -63,6 +69,11 @@ class StackState(BaseModel):
         description="redline-gateway (the gateway in the path), or the engine profile the "
         "simulators publish with no gateway (`redline up --source`).",
     )
+    pods: int = Field(
+        DEFAULT_PODS,
+        description="Simulator pods per region, behind the region's service front "
+        "(`redline up --pods`).",
+    )
     ports: dict[str, int]
     rate: float
     seed: int
@@ -76,7 +87,7 @@ class StackState(BaseModel):
     def endpoints(self) -> Endpoints:
         """The URLs of this run."""
         return build_endpoints(
-            self.ports, self.regions, self.host, self.prometheus_regions, self.source
+            self.ports, self.regions, self.host, self.prometheus_regions, self.source, self.pods
         )
 
     def layout(self) -> StackLayout:
@@ -134,16 +145,17 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
     regional = [(f"Prometheus {r}", e.regional_prometheus_url(r)) for r in e.prometheus_regions]
     if e.has_gateway:
         serving = [("Gateway (OpenAI API)", f"{e.gateway_url}/v1/chat/completions")]
-        simulators = [
-            (f"Simulator {r}", e.simulator_url(r) + "  (/admin/faults)") for r in e.regions
-        ]
+        pod_extra = "/admin/faults"
     else:
         serving = [("Clients send to (OpenAI API)", f"{e.client_url}/v1/chat/completions")]
-        simulators = [
-            (f"Simulator {r} ({e.source}, no gateway)",
-             e.simulator_url(r) + f"  (/metrics: {e.source}'s series, /admin/faults)")
-            for r in e.regions
-        ]  # fmt: skip
+        pod_extra = f"/metrics: {e.source}'s series, /admin/faults"
+    simulators: list[tuple[str, str]] = []
+    for r in e.regions:
+        simulators.append((f"Service {r} ({e.pods} pods, round robin)", e.service_url(r)))
+        simulators += [
+            (f"  Simulator pod {r}-{i}", f"{url}  ({pod_extra})")
+            for i, url in enumerate(e.pod_urls(r))
+        ]
     rows = [
         ("Prometheus (global)" if e.federated else "Prometheus", e.prometheus_url),
         *regional,

@@ -166,6 +166,7 @@ class Reroute(Playbook):
         self.spec = spec if spec is not None else load_spec(None).spec
         red = self.spec.red_lines.latency_p99
         self.limit_seconds = red.threshold_seconds * red.restore.below_ratio
+        self.threshold_seconds = red.threshold_seconds
         self.restore_for_seconds = (
             options.restore_for_seconds
             if options.restore_for_seconds is not None
@@ -224,6 +225,11 @@ class Reroute(Playbook):
         with http_client(self.serving.timeout_seconds) as client:
             return check_health(client, self.serving.upstreams[region], self.serving.probe_model)
 
+    def _takes_traffic(self, check: HealthCheck) -> bool:
+        """A region may take traffic only when it answers, and within the red line: an answer
+        that is merely 200 but slow would send the traffic back to a slow region (a flap)."""
+        return check.healthy and check.seconds <= self.threshold_seconds
+
     def _measure(self, ctx: PlaybookContext, region: str) -> RegionHealth:
         """Probe the region up to `healthy_checks` times (timing the dry run alone; the first
         bad probe ends the check) and read its figures from Prometheus when configured."""
@@ -260,7 +266,8 @@ class Reroute(Playbook):
     # ---- firing ------------------------------------------------------------------------------
 
     def plan(self, ctx: PlaybookContext) -> Sequence[PlannedStep]:
-        """Probe the other regions (dry run) and pick the first healthy one."""
+        """Probe the other regions (dry run) and pick the first that answers within the red
+        line."""
         region = self._region(ctx)
         current = self._override()
         probes: dict[str, dict[str, Any]] = {}
@@ -268,7 +275,7 @@ class Reroute(Playbook):
         if current is not None and current.target_region != region:
             check = self._probe(current.target_region)
             probes[current.target_region] = check.as_dict()
-            if check.healthy:
+            if self._takes_traffic(check):
                 chosen = current.target_region
         if chosen is None:
             for candidate in build_candidates(list(self.serving.upstreams), region):
@@ -276,12 +283,15 @@ class Reroute(Playbook):
                     continue
                 check = self._probe(candidate)
                 probes[candidate] = check.as_dict()
-                if check.healthy:
+                if self._takes_traffic(check):
                     chosen = candidate
                     break
         if chosen is None:
             detail = "; ".join(f"{r}: {p['detail']}" for r, p in probes.items()) or "none"
-            raise TransientError(f"no healthy region to take {region}'s traffic ({detail})")
+            raise TransientError(
+                f"no healthy region to take {region}'s traffic (none answered within the "
+                f"{self.threshold_seconds:g} s red line: {detail})"
+            )
         already = current is not None and current.target_region == chosen
         return (
             PlannedStep(
@@ -306,8 +316,11 @@ class Reroute(Playbook):
         region, target = str(step.params["from"]), str(step.params["to"])
         check = self._probe(target)
         ctx.record("probe", f"{target}: {check.detail}", region=target, check=check.as_dict())
-        if not check.healthy:
-            raise TransientError(f"{target} became unhealthy before the switch: {check.detail}")
+        if not self._takes_traffic(check):
+            raise TransientError(
+                f"{target} became unhealthy or slow before the switch: {check.detail} "
+                f"({check.seconds:.3f} s)"
+            )
         store = self._store()
         try:
             current = store.get_override()

@@ -113,6 +113,28 @@ def test_each_playbook_did_its_job(drills: dict[str, DrillResult]) -> None:
     assert checks[("latency-persistent", "the restore waits while primary is slow")].ok
 
 
+def test_the_rollback_switches_every_pod_with_no_failed_user_request(
+    drills: dict[str, DrillResult],
+) -> None:
+    """Two simulator pods per region behind each region's service front: the rollback acts on
+    every pod, and the load generator's requests (through the gateway and the fronts) do not
+    fail while it switches; every pod, asked directly, serves v1 afterwards."""
+    result = drills["regression"]
+    figures = {figure.label: figure for figure in result.figures}
+    switch = figures["failed requests during the switch:"]
+    assert switch.value == 0, _explain(result)
+    assert switch.text() == "failed requests during the switch: 0"
+    pods = figures["pods:"]
+    assert pods.text() == "pods: 4 (2 per region) serve v1", _explain(result)
+    checks = {check.name: check for check in result.checks}
+    for name in (
+        "no failed user request during the switch",
+        "every pod serves v1",
+        "the rollback verified every pod",
+    ):
+        assert checks[name].ok, f"{name}: {checks[name].detail}"
+
+
 def test_latency_persistent_holds_the_reroute_and_restores_once(
     drills: dict[str, DrillResult],
 ) -> None:

@@ -49,6 +49,22 @@ class Check:
     detail: str
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One number a drill measured beyond the timings (shown on the board under the table)."""
+
+    label: str
+    value: float | int | None
+    unit: str = ""
+
+    def text(self) -> str:
+        """`label value unit`, or `label -` when it was not measured."""
+        if self.value is None:
+            return f"{self.label} -"
+        shown = f"{self.value:.3g}" if isinstance(self.value, float) else str(self.value)
+        return f"{self.label} {shown}{' ' + self.unit if self.unit else ''}"
+
+
 @dataclass
 class DrillResult:
     """Everything a drill measured; times are unix seconds, durations are from the fault."""
@@ -78,6 +94,9 @@ class DrillResult:
     error: str | None = None
     job_id: str | None = None
     finished_at: float | None = None
+    figures: list[Figure] = field(default_factory=list)
+    not_applicable: str | None = None
+    """Why the drill does not apply to this stack (it ran nothing); None when it ran."""
 
     def since_fault(self, when: float | None) -> float | None:
         """Seconds from the fault to `when`."""
@@ -111,6 +130,8 @@ class DrillResult:
         """The loop closed (or, for a negative drill, stayed closed) and nothing was lost."""
         if self.error is not None or not all(check.ok for check in self.checks):
             return False
+        if self.not_applicable is not None:
+            return True
         if self.lost:
             return False
         if not self.expect_alert:
@@ -121,6 +142,11 @@ class DrillResult:
         """Record a check; returns `ok`."""
         self.checks.append(Check(name, ok, detail))
         return ok
+
+    def figure(self, label: str, value: float | int | None, unit: str = "") -> None:
+        """Record a number the drill measured (floats rounded to the millisecond)."""
+        shown = round(value, 3) if isinstance(value, float) else value
+        self.figures.append(Figure(label, shown, unit))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form (durations in seconds from the fault, null when not reached)."""
@@ -151,6 +177,8 @@ class DrillResult:
             "failed_detail": self.failed_detail,
             "job_id": self.job_id,
             "checks": [vars(check) for check in self.checks],
+            "figures": [vars(figure) for figure in self.figures],
+            "not_applicable": self.not_applicable,
             "notes": list(self.notes),
             "error": self.error,
             "duration": self.since_fault(self.finished_at),
@@ -222,6 +250,7 @@ __all__ = [
     "Check",
     "DrillError",
     "DrillResult",
+    "Figure",
     "Progress",
     "labels_match",
     "matching_alerts",

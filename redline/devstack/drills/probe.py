@@ -1,5 +1,9 @@
 """The drills' view of the running stack over its APIs: Prometheus, the remediation receiver, the
-simulators' fault knobs and LoRA API, and the files of the run directory."""
+simulators' fault knobs and LoRA API, and the files of the run directory.
+
+A region is several simulator pods behind its service front: what the drills set per region
+(faults, the served adapter) is set on every pod directly, never through the front (which would
+reach one pod per call)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 import httpx
 
 from redline.devstack.drills.base import DrillError, matching_alerts
+from redline.devstack.fakes.simulator import adapter_version
 from redline.devstack.layout import ADAPTER, Endpoints, StackLayout
 from redline.devstack.loadgen import summarize_stats
 from redline.devstack.state import StackState
@@ -88,37 +93,60 @@ class StackProbe:
         return records
 
     def faults(self, region: str) -> dict[str, Any]:
-        """A simulator's fault knobs."""
-        response = self.http.get(f"{self.endpoints.simulator_url(region)}/admin/faults")
+        """A region's fault knobs (its first pod's: `set_faults` sets every pod alike)."""
+        response = self.http.get(f"{self.endpoints.pod_urls(region)[0]}/admin/faults")
         response.raise_for_status()
         faults: dict[str, Any] = response.json()
         return faults
 
     def set_faults(self, region: str, faults: Mapping[str, Any]) -> None:
-        """Replace a simulator's fault knobs."""
-        response = self.http.post(
-            f"{self.endpoints.simulator_url(region)}/admin/faults", json=dict(faults)
-        )
-        if response.status_code != 200:
-            raise DrillError(f"{region}: faults rejected: HTTP {response.status_code}: "
-                             f"{response.text[:300]}")  # fmt: skip
+        """Replace the fault knobs of every pod of a region."""
+        for index, url in enumerate(self.endpoints.pod_urls(region)):
+            response = self.http.post(f"{url}/admin/faults", json=dict(faults))
+            if response.status_code != 200:
+                raise DrillError(f"{region} pod {index}: faults rejected: HTTP "
+                                 f"{response.status_code}: {response.text[:300]}")  # fmt: skip
 
     def load_adapter(self, version_dir: str) -> None:
-        """Serve the adapter at `version_dir` on every region (vLLM's runtime LoRA API)."""
-        for region in self.endpoints.regions:
-            body = {"lora_name": ADAPTER, "lora_path": version_dir, "load_inplace": True}
-            url = f"{self.endpoints.simulator_url(region)}/v1/load_lora_adapter"
-            response = self.http.post(url, json=body)
+        """Serve the adapter at `version_dir` on every pod of every region (vLLM's runtime LoRA
+        API, in place)."""
+        body = {"lora_name": ADAPTER, "lora_path": version_dir, "load_inplace": True}
+        for pod, url in self.pod_urls().items():
+            response = self.http.post(f"{url}/v1/load_lora_adapter", json=body)
             if response.status_code != 200:
-                raise DrillError(f"{region}: load {version_dir}: HTTP {response.status_code}")
+                raise DrillError(f"{pod}: load {version_dir}: HTTP {response.status_code}")
+
+    def pod_urls(self) -> dict[str, str]:
+        """`<region>-<n>` -> base URL of every simulator pod."""
+        return {
+            f"{region}-{index}": url
+            for region in self.endpoints.regions
+            for index, url in enumerate(self.endpoints.pod_urls(region))
+        }
+
+    def pod_versions(self) -> dict[str, str]:
+        """`<region>-<n>` -> version of the adapter each pod serves, read from the pod's own
+        `/v1/models` (the adapter's `root`, as the rollback reads it) and `/admin/stats`;
+        `A|B` when the two disagree, `none` when the pod serves no such adapter."""
+        versions = {}
+        for pod, url in self.pod_urls().items():
+            models = self.http.get(f"{url}/v1/models").json()["data"]
+            root = next((m.get("root") for m in models if m.get("id") == ADAPTER), None)
+            stats = self.http.get(f"{url}/admin/stats").json()
+            served = stats["adapters"].get(ADAPTER, {}).get("version", "none")
+            listed = "none" if root is None else adapter_version(str(root))
+            versions[pod] = served if listed == served else f"{listed}|{served}"
+        return versions
 
     def served_versions(self) -> dict[str, str]:
-        """Region -> version of the adapter each simulator serves."""
-        versions = {}
-        for region in self.endpoints.regions:
-            stats = self.http.get(f"{self.endpoints.simulator_url(region)}/admin/stats").json()
-            versions[region] = stats["adapters"].get(ADAPTER, {}).get("version", "none")
-        return versions
+        """Region -> version of the adapter its pods serve (`mixed: ...` when they differ)."""
+        by_region: dict[str, set[str]] = {region: set() for region in self.endpoints.regions}
+        for pod, version in self.pod_versions().items():
+            by_region[pod.rsplit("-", 1)[0]].add(version)
+        return {
+            region: next(iter(seen)) if len(seen) == 1 else "mixed: " + ", ".join(sorted(seen))
+            for region, seen in by_region.items()
+        }
 
     def loadgen_failures(self) -> dict[str, int]:
         """Requests the load generator saw fail so far, by HTTP status (or `error`)."""

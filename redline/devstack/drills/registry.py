@@ -8,6 +8,7 @@ from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.exporter_down import drill_exporter_down
 from redline.devstack.drills.latency import drill_latency
+from redline.devstack.drills.latency_persistent import drill_latency_persistent
 from redline.devstack.drills.regression import drill_regression, drill_regression_negative
 from redline.devstack.drills.session_rpo import drill_session_rpo
 from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER
@@ -21,9 +22,12 @@ DRILL_ORDER = (
     "latency",
     "regression",
     "regression-negative",
+    "latency-persistent",
 )
 """`all` runs the drills in this order: the rollback gate's alert outlives its rollback by the
-gate's 300 s window, so the regressions come last and their recovery is awaited at the end.
+gate's 300 s window, so the regressions come late and their recovery is awaited at the end.
+`latency-persistent` (about 90 s: the primary stays slow for several restore periods) runs
+after them, while that recovery is awaited in the background, so it adds little to `all`.
 The spot drills run a fleet of their own beside the stack and are asked for by name."""
 
 DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER)
@@ -31,6 +35,7 @@ DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER)
 
 DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "latency": drill_latency,
+    "latency-persistent": drill_latency_persistent,
     "staleness": drill_staleness,
     "regression": drill_regression,
     "regression-negative": drill_regression_negative,

@@ -1,5 +1,9 @@
 """The regression drills: a release slower and less accurate trips the two-signal rollback gate
-(SemanticRollbackTwoSignal -> semantic_rollback back to v1); a release only slower does not."""
+(SemanticRollbackTwoSignal -> semantic_rollback back to v1); a release only slower does not.
+
+Each region is several simulator pods behind its service front: the release is deployed on
+every pod, the rollback must switch every pod back, and the load generator's requests (through
+the gateway and the fronts, as users' would go) must not fail while it does."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from redline.devstack.drills.waits import (
     job_matches,
     require_quiet,
     run_playbook_loop,
+    step_time,
     wait_firing,
     wait_recovered,
 )
@@ -100,6 +105,62 @@ def regression_latency(spec: Spec, baseline_p99: float) -> float:
     return round(added, 3)
 
 
+SETTLE_SECONDS = 2.5
+"""After the job ends: the load generator rewrites its counters every second, and requests in
+flight during the switch finish (or fail) within this."""
+
+
+def _failures_since(ctx: DrillContext, before: Mapping[str, int]) -> dict[str, int]:
+    """The load generator's failed requests since `before`, by status."""
+    now = ctx.probe.loadgen_failures()
+    return {k: n - before.get(k, 0) for k, n in now.items() if n - before.get(k, 0) > 0}
+
+
+def check_switch_failures(
+    ctx: DrillContext, result: DrillResult, before: Mapping[str, int], job: Mapping[str, Any]
+) -> None:
+    """Count the users' failed requests from the alert firing (before the job could switch
+    anything) until the rollback job ended and its last requests landed: 0 is the target."""
+    time.sleep(SETTLE_SECONDS)
+    failed = _failures_since(ctx, before)
+    total = sum(failed.values())
+    started, ended = step_time(job, "plan"), step_time(job, "verify")
+    window = (
+        f"rollback job {started - (result.fault_at or started):.1f} s to "
+        f"{ended - (result.fault_at or ended):.1f} s after the fault"
+        if started is not None and ended is not None
+        else "the rollback job"
+    )
+    detail = ", ".join(f"{n} x {status}" for status, n in sorted(failed.items())) or "none"
+    result.check("no failed user request during the switch", total == 0,
+                 f"{detail} (load generator, from the alert firing through {window})")  # fmt: skip
+    result.figure("failed requests during the switch:", total)
+
+
+def check_every_pod(ctx: DrillContext, result: DrillResult, job: Mapping[str, Any]) -> None:
+    """Every pod of every region serves the good version (asked of each pod, not the fronts),
+    and the rollback's verify step reported every one of them."""
+    versions = ctx.probe.pod_versions()
+    good = sorted(pod for pod, version in versions.items() if version == GOOD_VERSION)
+    per_region = ctx.endpoints.pods
+    result.check(
+        f"every pod serves {GOOD_VERSION}",
+        len(good) == len(versions) == per_region * len(ctx.endpoints.regions),
+        ", ".join(f"{pod}={version}" for pod, version in sorted(versions.items())),
+    )
+    verify = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
+    reported = (verify[-1].get("data") or {}).get("pods") or {} if verify else {}
+    result.check(
+        "the rollback verified every pod",
+        len(reported) == len(versions),
+        f"{len(reported)} pod(s) in the verify step: {', '.join(sorted(reported))}",
+    )
+    unit = f"({per_region} per region) serve {GOOD_VERSION}"
+    if len(good) != len(versions):
+        unit = f"of {len(versions)} {unit}"
+    result.figure("pods:", len(good), unit)
+
+
 def _gate_series(ctx: DrillContext, version: str) -> dict[str, float | None]:
     records = rollback_records(ctx.spec)
     selector = f'{{model="{ADAPTER}",model_version="{version}"}}'
@@ -158,6 +219,9 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
         _deploy(ctx, version)
         ctx.say(result.drill, f"fault injected: {result.fault}")
         wait_firing(ctx, result, labels, expected + 120.0)
+        # The job starts after Alertmanager's group_wait and switches after staging and a
+        # golden check on every pod: counting from here covers the whole switch.
+        failures_before = ctx.probe.loadgen_failures()
         series = _gate_series(ctx, version)
         result.check(
             "the gate's three signals",
@@ -173,7 +237,8 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
             "baseline and its P99 up (first evaluation of the gate's expression showing all, "
             "less a scrape and an evaluation interval)"
         )
-        run_playbook_loop(ctx, result, labels, 180.0)
+        job = run_playbook_loop(ctx, result, labels, 180.0)
+        check_switch_failures(ctx, result, failures_before, job)
         registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
         active = registry.active(ADAPTER)
         result.check(
@@ -187,6 +252,7 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
             set(served.values()) == {GOOD_VERSION},
             ", ".join(f"{r}={v}" for r, v in served.items()),
         )
+        check_every_pod(ctx, result, job)
     finally:
         _set_version_faults(ctx, version, None)
         if result.remediated_at is None:

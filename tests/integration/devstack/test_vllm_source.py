@@ -42,9 +42,9 @@ def _adapter(tmp_path: Path, version: str = "v1") -> str:
     return str(path)
 
 
-def _simulator(tmp_path: Path, region: str) -> ServerThread:
+def _simulator(tmp_path: Path, region: str, seed: int = 3) -> ServerThread:
     settings = SimulatorSettings(
-        region=region, seed=3, adapters={ADAPTER: _adapter(tmp_path)}, metrics_profile="vllm"
+        region=region, seed=seed, adapters={ADAPTER: _adapter(tmp_path)}, metrics_profile="vllm"
     )
     return serve_in_thread(build_simulator_app(settings))
 
@@ -144,16 +144,26 @@ def test_without_a_metrics_profile_there_is_no_metrics_page(tmp_path: Path) -> N
         SimulatorSettings(metrics_profile="redline-gateway")
 
 
+PODS = 2
+
+
 def test_prometheus_scrapes_each_region_and_the_generated_rules_fire_on_its_p99(
     tmp_path: Path,
 ) -> None:
+    """Two pods per region, each scraped with its `region` and `pod`: the mirror keeps each
+    pod's series, the recorded P99 is one per region over both pods."""
     spec = build_source_spec(apply_profile(load_spec().spec, "local"), "vllm")
     regions = spec.regions
-    sims = {region: _simulator(tmp_path, region) for region in regions}
+    sims = {
+        (region, pod): _simulator(tmp_path, region, seed=3 + pod)
+        for region in regions
+        for pod in range(PODS)
+    }
     try:
-        ports = {p: 26000 + i for i, p in enumerate(build_ported_parts(regions, source="vllm"))}
-        ports.update({simulator_part(r): sims[r].port for r in regions})
-        endpoints = build_endpoints(ports, regions, source="vllm")
+        parts = build_ported_parts(regions, source="vllm", pods=PODS)
+        ports = {p: 26000 + i for i, p in enumerate(parts)}
+        ports.update({simulator_part(r, i): server.port for (r, i), server in sims.items()})
+        endpoints = build_endpoints(ports, regions, source="vllm", pods=PODS)
         rules = build_outputs(spec, "spec.yaml")[RULES_DIR / RULE_FILE]
         (tmp_path / "rules.yml").write_text(rules)
         config = {
@@ -177,7 +187,7 @@ def test_prometheus_scrapes_each_region_and_the_generated_rules_fire_on_its_p99(
 
 def _drive_until_the_red_line_fires(
     threshold: float,
-    sims: dict[str, ServerThread],
+    sims: dict[tuple[str, int], ServerThread],
     regions: tuple[str, ...],
     prometheus_url: str,
     record: str,
@@ -189,14 +199,16 @@ def _drive_until_the_red_line_fires(
         PrometheusClient(prometheus_url, timeout=5.0, retries=0, trust_env=False) as prom,
         ThreadPoolExecutor(max_workers=8) as pool,
     ):
-        client.post(f"{sims[primary].url}/admin/faults", json=slow)
+        # One slow pod of two, half the region's traffic: the region's one P99 (both pods'
+        # requests in one distribution) is over the line, the other region's under it.
+        client.post(f"{sims[(primary, 0)].url}/admin/faults", json=slow)
 
-        def send(region: str) -> int:
-            url = f"{sims[region].url}/v1/chat/completions"
+        def send(target: tuple[str, int]) -> int:
+            url = f"{sims[target].url}/v1/chat/completions"
             return client.post(url, json=_chat(ADAPTER, max_tokens=4)).status_code
 
         def firing() -> bool:
-            list(pool.map(send, [primary] * 8 + [secondary] * 8))
+            list(pool.map(send, [(r, i) for r in (primary, secondary) for i in range(PODS)] * 4))
             alerts = [a for a in prom.alerts() if a["labels"]["alertname"] == "RedLineLatencyP99"]
             return any(a["state"] == "firing" for a in alerts)
 
@@ -206,7 +218,10 @@ def _drive_until_the_red_line_fires(
         alerts = [a for a in prom.alerts() if a["labels"]["alertname"] == "RedLineLatencyP99"]
         assert {a["labels"]["region"] for a in alerts} == {primary}
         assert "playbook" not in alerts[0]["labels"]  # nothing to reroute: it pages a human
-        p99 = {s["region"]: v for s, v in prom.instant(record)}
+        series = prom.instant(record)
+        p99 = {s["region"]: v for s, v in series}
+        assert len(series) == len(p99) == 2, series  # one per region, not one per pod
+        assert not any("pod" in s for s, _ in series), series
         assert p99[primary] > threshold and p99[secondary] < threshold, p99
         mirror = catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.name) + "_count"
         labels = [s for s, _ in prom.instant(mirror)]
@@ -214,6 +229,8 @@ def _drive_until_the_red_line_fires(
             (primary, primary, "false", ADAPTER),
             (secondary, secondary, "false", ADAPTER),
         }
+        # Each pod's series stays its own (a counter reset on one pod must not touch another).
+        assert {s["pod"] for s in labels} == {f"{r}-{i}" for r in regions for i in range(PODS)}
         # No model_active_info here (no exporter): the registry's version is unknown.
         assert {s["model_version"] for s in labels} == {"unknown"}
 

@@ -18,6 +18,7 @@ from redline.devstack.config import (
     pipeline_budget_seconds,
     render_settings,
 )
+from redline.devstack.fakes.service import ServiceFrontSettings
 from redline.devstack.fakes.simulator import SimulatorSettings
 from redline.devstack.layout import (
     ADAPTER,
@@ -30,11 +31,13 @@ from redline.devstack.layout import (
     check_regions,
 )
 from redline.devstack.loadgen import LoadgenSettings
+from redline.devstack.state import StackState, describe_urls, read_state, write_state
 from redline.exporters.settings import load_exporter_settings
 from redline.gateway import GatewaySettings
 from redline.generate.outputs import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
 from redline.platform.index import IndexSettings
 from redline.platform.sessions import SessionSettings
+from redline.remediation.playbooks.rollback.pods import pod_sources
 from redline.remediation.settings import RemediationSettings
 from redline.slo.load import SpecError, apply_profile, load_spec, parse_spec
 from redline.slo.spec import Spec
@@ -60,9 +63,14 @@ def layout(tmp_path: Path) -> StackLayout:
 def test_part_names_start_services_first_and_the_load_last() -> None:
     names = build_part_names(REGIONS)
     assert names[: len(SERVICE_PARTS)] == SERVICE_PARTS
-    assert names[len(SERVICE_PARTS) : len(SERVICE_PARTS) + 2] == (
-        "simulator-primary",
-        "simulator-secondary",
+    # Two pods per region by default, then each region's service front over them.
+    assert names[len(SERVICE_PARTS) : len(SERVICE_PARTS) + 6] == (
+        "simulator-primary-0",
+        "simulator-primary-1",
+        "simulator-secondary-0",
+        "simulator-secondary-1",
+        "service-primary",
+        "service-secondary",
     )
     assert names[-1] == "loadgen"
     assert len(set(names)) == len(names)
@@ -229,9 +237,9 @@ def test_every_settings_file_is_valid_for_its_part(
             monkeypatch.delenv(name)
     commands = _commands(local_spec, ports, layout)
     assert set(commands) == set(build_part_names(REGIONS)) - set(SERVICE_PARTS)
-    simulator = _read_back(tmp_path, SimulatorSettings, commands["simulator-secondary"].settings)
+    simulator = _read_back(tmp_path, SimulatorSettings, commands["simulator-secondary-1"].settings)
     assert simulator.region == "secondary"
-    assert simulator.port == ports["simulator-secondary"]
+    assert simulator.port == ports["simulator-secondary-1"]
     assert simulator.adapters == {ADAPTER: str(layout.adapter_dir("v1"))}
     gateway = _read_back(tmp_path, GatewaySettings, commands["gateway"].settings)
     assert list(gateway.upstreams) == list(REGIONS)
@@ -254,8 +262,8 @@ def test_every_settings_file_is_valid_for_its_part(
     path.write_text(render_settings(commands["exporters"].settings))
     exporter = load_exporter_settings(path)
     assert exporter.endpoints.upstreams == dict(zip(REGIONS, [
-        f"http://127.0.0.1:{ports['simulator-primary']}",
-        f"http://127.0.0.1:{ports['simulator-secondary']}",
+        f"http://127.0.0.1:{ports['service-primary']}",
+        f"http://127.0.0.1:{ports['service-secondary']}",
     ], strict=True))  # fmt: skip
     assert exporter.drift.reference == layout.drift_reference
 
@@ -275,8 +283,82 @@ def test_each_part_is_started_with_its_own_settings_file(
     local_spec: Spec, ports: dict[str, int], layout: StackLayout
 ) -> None:
     for part, command in _commands(local_spec, ports, layout).items():
-        assert command.argv[:3] == ("py", "-m", "redline.cli")
+        module = "redline.devstack.fakes.service" if part.startswith("service-") else "redline.cli"
+        assert command.argv[:3] == ("py", "-m", module)
         assert command.argv[-2:] == ("--config", str(layout.settings_file(part)))
     commands = _commands(local_spec, ports, layout)
     assert commands["remediation-worker"].argv[3:5] == ("remediation", "worker")
     assert commands["loadgen"].argv[3] == "loadgen"
+
+
+def _pod_url(ports: dict[str, int], region: str, pod: int) -> str:
+    return f"http://127.0.0.1:{ports[f'simulator-{region}-{pod}']}"
+
+
+def test_pods_each_get_a_port_settings_and_a_seed_behind_their_service_front(
+    local_spec: Spec, layout: StackLayout, tmp_path: Path
+) -> None:
+    ports = {part: 23000 + i for i, part in enumerate(build_ported_parts(REGIONS, pods=3))}
+    endpoints = build_endpoints(ports, REGIONS, pods=3)
+    assert endpoints.pod_urls("secondary") == [_pod_url(ports, "secondary", i) for i in range(3)]
+    commands = {
+        c.part: c
+        for c in build_part_commands(local_spec, endpoints, layout, None, 30.0, 7, python="py")
+    }
+    pods = [
+        _read_back(tmp_path, SimulatorSettings, commands[f"simulator-primary-{i}"].settings)
+        for i in range(3)
+    ]
+    assert [p.port for p in pods] == [ports[f"simulator-primary-{i}"] for i in range(3)]
+    assert {p.region for p in pods} == {"primary"}
+    assert len({p.seed for p in pods}) == 3  # each pod its own dice, the same faults
+    assert len({p.faults.model_dump_json() for p in pods}) == 1
+    front = _read_back(tmp_path, ServiceFrontSettings, commands["service-primary"].settings)
+    assert front.port == ports["service-primary"] and front.region == "primary"
+    assert front.pods == [_pod_url(ports, "primary", i) for i in range(3)]
+    # The gateway, the probes and the clients call the fronts, as they would a Service.
+    gateway = _read_back(tmp_path, GatewaySettings, commands["gateway"].settings)
+    assert gateway.upstreams == {r: f"http://127.0.0.1:{ports[f'service-{r}']}" for r in REGIONS}
+
+
+def test_the_rollback_is_given_every_pod_of_every_region(
+    local_spec: Spec, ports: dict[str, int], layout: StackLayout, tmp_path: Path
+) -> None:
+    commands = _commands(local_spec, ports, layout)
+    receiver = _read_back(tmp_path, RemediationSettings, commands["remediation"].settings)
+    assert receiver.serving.upstreams == {
+        r: f"http://127.0.0.1:{ports[f'service-{r}']}" for r in REGIONS
+    }
+    assert {r: s.urls for r, s in receiver.serving.pods.items()} == {
+        r: [_pod_url(ports, r, 0), _pod_url(ports, r, 1)] for r in REGIONS
+    }
+    fleet = pod_sources(receiver.serving)
+    assert sorted(fleet) == sorted(REGIONS) and all(len(s.urls) == 2 for s in fleet.values())
+
+
+def test_pods_per_region_are_bounded_and_every_pod_needs_a_port(ports: dict[str, int]) -> None:
+    with pytest.raises(StackConfigError, match="--pods 0"):
+        build_endpoints(ports, REGIONS, pods=0)
+    with pytest.raises(StackConfigError, match="no port chosen for: simulator-primary-2"):
+        build_endpoints(ports, REGIONS, pods=3)
+    one = {p: 24000 + i for i, p in enumerate(build_ported_parts(REGIONS, pods=1))}
+    assert "simulator-primary-1" not in one
+    assert build_endpoints(one, REGIONS, pods=1).pod_urls("primary") == [
+        _pod_url(one, "primary", 0)
+    ]
+
+
+def test_the_state_file_remembers_the_pods(tmp_path: Path) -> None:
+    ports = {p: 25000 + i for i, p in enumerate(build_ported_parts(REGIONS, pods=3))}
+    state = StackState(run_dir=str(tmp_path), spec=None, spec_source="<embedded>",
+                       host="127.0.0.1", regions=list(REGIONS), pods=3, ports=ports, rate=30.0,
+                       seed=7, started_at=0.0)  # fmt: skip
+    write_state(state.layout(), state)
+    again = read_state(state.layout())
+    assert again is not None and again.pods == 3
+    assert again.endpoints().pod_urls("primary")[2] == _pod_url(ports, "primary", 2)
+    rows = dict(describe_urls(again))
+    assert (
+        rows["Service primary (3 pods, round robin)"]
+        == f"http://127.0.0.1:{ports['service-primary']}"
+    )

@@ -71,7 +71,8 @@ def layout(tmp_path: Path) -> StackLayout:
 
 
 def sim_url(ports: dict[str, int], region: str) -> str:
-    return f"http://127.0.0.1:{ports[f'simulator-{region}']}"
+    """A region's URL: its service front over its simulator pods."""
+    return f"http://127.0.0.1:{ports[f'service-{region}']}"
 
 
 def test_the_vllm_stack_starts_no_gateway_and_the_default_one_still_does() -> None:
@@ -164,12 +165,14 @@ def test_prometheus_scrapes_every_simulator_with_its_region_and_no_gateway(
     assert "gateway" not in jobs
     assert set(jobs) == {VLLM, "exporters", "remediation", "prometheus", "alertmanager"}
     targets = jobs[VLLM]["static_configs"]
+    # Every pod, never the service fronts: each pod's counters stay its own series.
     assert targets == [
-        {"targets": [f"127.0.0.1:{ports['simulator-primary']}"], "labels": {"region": "primary"}},
         {
-            "targets": [f"127.0.0.1:{ports['simulator-secondary']}"],
-            "labels": {"region": "secondary"},
-        },
+            "targets": [f"127.0.0.1:{ports[f'simulator-{region}-{pod}']}"],
+            "labels": {"region": region, "pod": f"{region}-{pod}"},
+        }
+        for region in REGIONS
+        for pod in (0, 1)
     ]
     gateway_ports = {**ports, "gateway": 24999}
     default = build_prometheus_config(
@@ -218,8 +221,10 @@ def test_every_part_of_the_vllm_stack_talks_to_the_simulators(
     assert set(commands) == set(build_part_names(REGIONS, source=VLLM)) - set(SERVICE_PARTS)
     primary = sim_url(ports, "primary")
     for region in REGIONS:
-        simulator = _read(tmp_path, SimulatorSettings, commands[f"simulator-{region}"].settings)
-        assert simulator.metrics_profile == VLLM and simulator.region == region
+        for pod in (0, 1):
+            settings = commands[f"simulator-{region}-{pod}"].settings
+            simulator = _read(tmp_path, SimulatorSettings, settings)
+            assert simulator.metrics_profile == VLLM and simulator.region == region
     loadgen = _read(tmp_path, LoadgenSettings, commands["loadgen"].settings)
     assert loadgen.gateway_url == primary
     receiver = _read(tmp_path, RemediationSettings, commands["remediation"].settings)
@@ -235,7 +240,7 @@ def test_every_part_of_the_vllm_stack_talks_to_the_simulators(
     default = build_part_commands(
         local_spec, build_endpoints(gateway_ports, REGIONS), layout, None, 30.0, 7, python="py"
     )
-    simulator = next(c for c in default if c.part == "simulator-primary")
+    simulator = next(c for c in default if c.part == "simulator-primary-0")
     assert "metrics_profile" not in simulator.settings
 
 
