@@ -5,12 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
-from redline.platform.endpoints import PodSource
+from redline.platform.endpoints import PodSource, check_base_url
 from redline.platform.index import IndexTargetsFields
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
 from redline.slo.spec import PlaybookPolicy
@@ -25,18 +24,6 @@ DEFAULT_REGISTRY = "redline.remediation.catalog:build_registry"
 # configured is still registered, and its jobs fail with a message naming the setting to set.
 
 _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
-
-
-def _check_url(value: str, where: str) -> str:
-    try:
-        parsed = urlsplit(value)
-        valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
-        valid = valid and (parsed.port or 1) > 0
-    except ValueError:
-        valid = False
-    if not valid:
-        raise ValueError(f"{where}: {value!r} is not an http(s) URL")
-    return value.rstrip("/")
 
 
 class _Section(BaseModel):
@@ -66,7 +53,7 @@ class ServingSettings(_Section):
     @field_validator("gateway_url")
     @classmethod
     def _gateway(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, "gateway_url")
+        return None if value is None else check_base_url(value, "gateway_url")
 
     @field_validator("upstreams")
     @classmethod
@@ -74,7 +61,7 @@ class ServingSettings(_Section):
         for region in value:
             if not _REGION.match(region):
                 raise ValueError(f"region {region!r} must be lowercase letters, digits and '-'")
-        return {region: _check_url(url, f"upstream {region}") for region, url in value.items()}
+        return {region: check_base_url(url, f"upstream {region}") for region, url in value.items()}
 
     @field_validator("pods")
     @classmethod
@@ -112,7 +99,7 @@ class RollbackSettings(_Section):
     @field_validator("hook_url")
     @classmethod
     def _hook(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, "hook_url")
+        return None if value is None else check_base_url(value, "hook_url")
 
 
 class IndexCollectionSettings(IndexTargetsFields, _Section):
@@ -185,7 +172,7 @@ class RerouteSettings(_Section):
     @field_validator("prometheus_url")
     @classmethod
     def _prometheus(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, "prometheus_url")
+        return None if value is None else check_base_url(value, "prometheus_url")
 
 
 class RemediationSettings(ServiceSettings):

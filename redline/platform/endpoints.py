@@ -61,7 +61,8 @@ class Pod:
         return f"{self.region}/{self.name}"
 
 
-def _check_base_url(value: str, where: str) -> str:
+def check_base_url(value: str, where: str) -> str:
+    """`value` without a trailing slash; ValueError naming `where` unless it is an http(s) URL."""
     try:
         parsed = urlsplit(value)
         valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
@@ -101,7 +102,7 @@ class KubernetesSource(BaseModel):
     @field_validator("api_url")
     @classmethod
     def _api(cls, value: str | None) -> str | None:
-        return None if value is None else _check_base_url(value, "api_url")
+        return None if value is None else check_base_url(value, "api_url")
 
     def problems(self, environ: Mapping[str, str] | None = None) -> list[str]:
         """What stops this source from working outside of the request itself (start-up check)."""
@@ -128,7 +129,7 @@ class PodSource(BaseModel):
     @field_validator("urls")
     @classmethod
     def _urls(cls, value: list[str]) -> list[str]:
-        return [_check_base_url(url, "urls") for url in value]
+        return [check_base_url(url, "urls") for url in value]
 
     @model_validator(mode="after")
     def _one_source(self) -> PodSource:
@@ -375,6 +376,7 @@ __all__ = [
     "Pod",
     "PodSource",
     "build_pods_from_slices",
+    "check_base_url",
     "discover_pods",
     "fetch_endpoint_slices",
     "pods_from_dns",
