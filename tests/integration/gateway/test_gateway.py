@@ -958,10 +958,19 @@ def test_concurrent_requests_share_the_pool_correctly(
     results = asyncio.run(run())
     assert all(text == expected for text, expected, _ in results)  # nothing cross-wired
     labels = {"served_region": "primary", "model": BASE, "model_version": "base"}
-    counted = gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) + gw.value(
-        catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels
-    )
-    assert counted == sum(tokens for _, _, tokens in results)
+    expected_tokens = sum(tokens for _, _, tokens in results)
+
+    def counted() -> float:
+        return gw.value(catalog.LLM_PROMPT_TOKENS_TOTAL.name, **labels) + gw.value(
+            catalog.LLM_GENERATED_TOKENS_TOTAL.name, **labels
+        )
+
+    # A stream is counted when its generator closes, which may be just after the client has
+    # read the last chunk: give the last few streams a moment under load.
+    deadline = time.monotonic() + 5.0
+    while counted() != expected_tokens and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert counted() == expected_tokens
     assert gw.total(catalog.LLM_REQUESTS_TOTAL.name, status="200") == 60
 
 
