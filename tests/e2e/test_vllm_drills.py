@@ -209,7 +209,8 @@ def test_every_dashboard_panel_returns_data_from_the_vllm_stack(
         "--dir", str(tmp_path), "--profile", "local", "--last", f"{last:.0f}",
         timeout=300.0,
     )  # fmt: skip
-    assert check.returncode == 0, check.stdout + check.stderr
+    # Exit 1 means some query found nothing; which ones may is decided below.
+    assert check.returncode in (0, 1), check.stdout + check.stderr
     *lines, summary = check.stdout.strip().splitlines()
     # The keep-alive canary's first verdict comes `min_seconds` (300 s) after a canary session
     # is written: this stack's three drills are over sooner (the gateway suite, longer, sees it).
