@@ -71,15 +71,17 @@ VERSION_SETTLE_SECONDS = 5.0
 VERSION_SETTLE_POLL_SECONDS = 0.5
 
 
-def _only_the_version_lags(verdict: Continuity) -> bool:
-    """True when the golden answers passed and only the version they were stamped with is off."""
+def _only_the_version_lags(verdict: Continuity, version: str) -> bool:
+    """True when the golden answers passed and only the version they were stamped with is off
+    (read from the verdict's figures, not its wording)."""
     data = verdict.data
     if "accuracy" not in data or "served_versions" not in data:
         return False
+    stamped = set(data["served_versions"]) - {version, UNKNOWN_VERSION}
     return (
-        data["accuracy"] >= data["accuracy_floor"]
+        bool(stamped)
+        and data["accuracy"] >= data["accuracy_floor"]
         and data["mean_similarity"] >= data["similarity_threshold"]
-        and "served by version(s)" in verdict.reason
     )
 
 
@@ -317,7 +319,8 @@ class Switcher:
             verdict = check_continuity(
                 client, gateway, name, snapshot, self.golden_set, self.gates, served
             )
-            if verdict.ok or not _only_the_version_lags(verdict) or time.monotonic() > deadline:
+            lagging = _only_the_version_lags(verdict, snapshot.version)
+            if verdict.ok or not lagging or time.monotonic() > deadline:
                 break
             time.sleep(VERSION_SETTLE_POLL_SECONDS)
         self.ctx.record("continuity", verdict.reason, **verdict.data)
