@@ -338,6 +338,13 @@ LLM_SPOT_NOTICE_PENDING = Metric(
     "1 while the node has an interruption notice that no drain has handled yet.",
     (LABEL_NODE, LABEL_PROVIDER),
 )
+LLM_SPOT_REPLACEMENT_REQUESTS_TOTAL = Metric(
+    "llm_spot_replacement_requests_total",
+    "counter",
+    "Replacement requests the agent made at notice time, by how (via: kubernetes, webhook) and "
+    "outcome (requested, unchanged, duplicate, failed).",
+    (LABEL_NODE, "via", LABEL_OUTCOME),
+)
 LLM_SPOT_INFLIGHT_ABORTED_RATIO = Metric(
     "llm_spot_inflight_aborted_ratio",
     "gauge",

@@ -18,7 +18,12 @@ Series: `llm_node_state{node,state}` (1 for the current state), the histogram
 {node,provider}` (TERMINATING -> RECOVERED; while still waiting, the time waited so far, so an
 alert can fire on a replacement that never becomes ready), `llm_spot_drain_budget_seconds{node}`,
 `llm_spot_notice_pending{node,provider}`, `llm_spot_notices_total{node,provider,kind}`,
-`llm_spot_agent_errors_total{node}`.
+`llm_spot_agent_errors_total{node}`, `llm_spot_replacement_requests_total{node,via,outcome}`.
+
+On Kubernetes (`kubernetes.enabled`), a notice also taints the node `NoSchedule` and marks its
+serving pods not ready through their readiness gate; `replacement` asks for a replacement at
+notice time (scale a Deployment, or a cloud hook). Both run in threads beside the drain
+(`redline.platform.spot.ClusterActions`); both are off by default.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
@@ -51,20 +56,28 @@ from redline.platform.spot import (
     AdminAuth,
     AwsImdsSource,
     Clock,
+    ClusterActions,
     GatewayAdmin,
     GcpMetadataSource,
+    KubernetesClient,
+    KubernetesSettings,
     ManualSource,
+    NodeActions,
     NodeRecord,
     NodeState,
     Notice,
     NoticeSource,
     NoticeWatcher,
     ReadinessGate,
+    ReplacementLog,
+    ReplacementRunner,
+    ReplacementSettings,
     SpotAgentError,
     SpotDrainFlow,
     SpotError,
     SpotStateError,
     SpotStateStore,
+    build_replacement_provider,
 )
 from redline.slo import catalog
 from redline.slo.spec import Spot
@@ -114,6 +127,10 @@ class SpotAgentMetrics(Collector):
         self.notices = Counter(notices.family, notices.help, notices.labels, registry=registry)
         errors = catalog.LLM_SPOT_AGENT_ERRORS_TOTAL
         self.errors = Counter(errors.family, errors.help, errors.labels, registry=registry)
+        replacements = catalog.LLM_SPOT_REPLACEMENT_REQUESTS_TOTAL
+        self.replacements = Counter(
+            replacements.family, replacements.help, replacements.labels, registry=registry
+        )
         registry.register(self)
 
     def collect(self) -> Iterator[Metric]:
@@ -208,6 +225,15 @@ class SpotAgentSettings(ServiceSettings):
         1.0, gt=0, le=1, description="Scale of the spec's spot durations (drills compress them)."
     )
     flow_poll_seconds: float = Field(0.1, gt=0, description="Poll interval of the flow's waits.")
+    kubernetes: KubernetesSettings = Field(
+        default_factory=KubernetesSettings,
+        description="On a notice, taint the node and mark its serving pods not ready (off by "
+        "default; the API connection also serves replacement.kind kubernetes).",
+    )
+    replacement: ReplacementSettings = Field(
+        default_factory=ReplacementSettings,
+        description="Ask for a replacement at notice time: none, kubernetes, webhook.",
+    )
 
     @field_validator("gateway_urls")
     @classmethod
@@ -263,12 +289,14 @@ class SpotAgent:
         sources: Sequence[NoticeSource],
         manual: ManualSource,
         metrics: SpotAgentMetrics | None = None,
+        cluster: ClusterActions | None = None,
     ) -> None:
         self.settings = settings
         self.flow = flow
         self.sources = list(sources)
         self.manual = manual
         self.metrics = metrics
+        self.cluster = cluster if cluster is not None else ClusterActions()
         self.stop = threading.Event()
         self.notices: queue.Queue[Notice] = queue.Queue()
         self.last_error: str | None = None
@@ -289,6 +317,10 @@ class SpotAgent:
         if self.metrics is not None:
             self.metrics.errors.labels(self.flow.node).inc()
 
+    def record_error(self, message: str) -> None:
+        """Count and keep a failure of a step beside the flow (Kubernetes, replacement)."""
+        self._error(message)
+
     def trigger(self, in_seconds: float, reason: str) -> Notice:
         """A manual notice: the node goes away in `in_seconds`."""
         now = self.flow.clock()
@@ -300,10 +332,11 @@ class SpotAgent:
         return notice
 
     def start(self) -> None:
-        """Start the watchers and the flow thread."""
+        """Start the watchers, the flow thread and the pods' readiness reconcile."""
         for watcher in self.watchers:
             watcher.start()
         self.thread.start()
+        self.cluster.start(self.stop)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop watching and wait (bounded) for the threads."""
@@ -311,6 +344,7 @@ class SpotAgent:
         self.thread.join(timeout)
         for watcher in self.watchers:
             watcher.join(0.5)
+        self.cluster.join(timeout)
 
     def _run(self) -> None:
         # A replacement's agent (or a restarted one) finishes what the last one left undone.
@@ -388,6 +422,43 @@ def build_sources(
     return sources, manual
 
 
+def build_cluster_actions(
+    settings: SpotAgentSettings,
+    redis_client: redis.Redis,
+    on_replacement: Callable[[str, str], None] | None = None,
+    on_error: Callable[[str], None] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[ClusterActions, list[Callable[[], None]]]:
+    """The node's Kubernetes actions and replacement provider per the settings (nothing when
+    both are off), and what to close; SpotAgentError naming a missing setting."""
+    closers: list[Callable[[], None]] = []
+    nodes = None
+    if settings.kubernetes.enabled:
+        target = settings.kubernetes.resolve(environ)
+        if target.insecure:
+            log.warning("kubernetes: the API server's certificate is NOT verified "
+                        "(insecure_skip_tls_verify)")  # fmt: skip
+        client = KubernetesClient.from_target(target)
+        closers.append(client.close)
+        nodes = NodeActions.from_target(client, target)
+    provider = build_replacement_provider(settings.replacement, settings.kubernetes, environ)
+    runner = None
+    if provider is not None:
+        closers.append(provider.close)
+        ledger = ReplacementLog(redis_client, settings.state_key_prefix)
+        runner = ReplacementRunner(
+            provider,
+            ledger,
+            on_result=None
+            if on_replacement is None
+            else lambda result: on_replacement(result.via, result.outcome),
+        )
+    cluster = ClusterActions(
+        nodes, runner, settings.kubernetes.ready_interval_seconds, on_error=on_error
+    )
+    return cluster, closers
+
+
 def build_agent_auth(settings: SpotAgentSettings) -> tuple[str | None, AdminAuth]:
     """The token the agent sends to the gateways, and the check of its own `POST /notice`;
     SpotAgentError when a token is unusable."""
@@ -413,6 +484,20 @@ def build_agent_app(
         registry, lambda: holder["record"], lambda: pending["notice"], time.time
     )
 
+    def replaced(via: str, outcome: str) -> None:
+        metrics.replacements.labels(node, via, outcome).inc()
+
+    def cluster_error(message: str) -> None:
+        agent.record_error(message)  # `agent` is bound below; this runs once it has started
+
+    try:
+        cluster, closers = build_cluster_actions(settings, store.client, replaced, cluster_error)
+    except SpotError:
+        client.close()
+        store.close()
+        routing.close()
+        raise
+
     def observed(record: NodeRecord) -> None:
         holder["record"] = record
         waited = record.notice_to_draining
@@ -429,9 +514,11 @@ def build_agent_app(
         settings.upstream_url,
         poll_seconds=settings.flow_poll_seconds,
         on_draining=observed,
+        on_notice=cluster.notice if cluster.enabled else None,
+        on_recovered=cluster.recovered if cluster.nodes is not None else None,
     )
     sources, manual = build_sources(settings, node, spot, client)
-    agent = SpotAgent(settings, flow, sources, manual, metrics)
+    agent = SpotAgent(settings, flow, sources, manual, metrics, cluster)
 
     def refresh() -> NodeRecord:
         try:
@@ -450,6 +537,8 @@ def build_agent_app(
             yield
         finally:
             agent.close()
+            for close in closers:
+                close()
             client.close()
             store.close()
             routing.close()
@@ -476,6 +565,7 @@ def build_agent_app(
             "readiness": None if flow.last_check is None else flow.last_check.as_dict(),
             "pending_notice": None if notice is None else vars(notice),
             "last_error": agent.last_error,
+            "cluster": agent.cluster.state(),
         }
 
     @app.get("/healthz")
@@ -507,5 +597,6 @@ __all__ = [
     "SpotAgentSettings",
     "build_agent_app",
     "build_agent_auth",
+    "build_cluster_actions",
     "build_sources",
 ]

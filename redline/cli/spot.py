@@ -90,7 +90,10 @@ def run(
     port: PortOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Watch the node's notices and drain it: admission, triage, readiness of the replacement."""
+    """Watch the node's notices and drain it: admission, triage, readiness of the replacement.
+
+    On Kubernetes, the `kubernetes:` and `replacement:` blocks of --config taint the node, take
+    its serving pods out of their Services and ask for a replacement at notice time."""
     try:
         settings = load_settings(
             SpotAgentSettings,
@@ -125,6 +128,10 @@ def run(
         f"http://{settings.host}:{listen}; budget aws {spot.drain_budget('aws'):g} s, "
         f"gcp {spot.drain_budget('gcp'):g} s"
     )
+    if settings.kubernetes.enabled:
+        banner += f"; kubernetes: taint {settings.kubernetes.taint_key}, pods not ready"
+    if settings.replacement.kind != "none":
+        banner += f"; replacement via {settings.replacement.kind} at notice time"
     serve(app, settings, listen, banner)
 
 

@@ -22,12 +22,16 @@ Modules: `errors`; `state` (node states, transitions, the node record, the notic
 (the gateway's request ledger in Redis); `sources` (notice sources, metadata formats); `store`
 (node records in Redis); `admin` (the gateways' `/admin/spot` API, and `AdminAuth`, the bearer-token
 check of the gateway's and the agent's admin endpoints); `readiness` (the replacement's readiness
-gate); `flow` (`SpotDrainFlow`: drain, wait drained, recover).
+gate); `flow` (`SpotDrainFlow`: drain, wait drained, recover); `kubernetes` (taint the node,
+serving pods not ready through a readiness gate); `replacement` (ask for a replacement at notice
+time: scale a Deployment, or a cloud hook); `cluster` (`ClusterActions`: both, off the drain's
+path).
 """
 
 from __future__ import annotations
 
 from redline.platform.spot.admin import AdminAuth, AdminMode, AdminRefusal, GatewayAdmin
+from redline.platform.spot.cluster import ClusterActions
 from redline.platform.spot.drain import (
     DrainBudget,
     InflightView,
@@ -39,6 +43,17 @@ from redline.platform.spot.drain import (
 )
 from redline.platform.spot.errors import SpotAgentError, SpotError, SpotStateError
 from redline.platform.spot.flow import SpotDrainFlow
+from redline.platform.spot.kubernetes import (
+    DEFAULT_CONDITION_TYPE,
+    DEFAULT_TAINT_KEY,
+    RBAC_RULES,
+    SCALE_RBAC_RULES,
+    KubernetesClient,
+    KubernetesConflictError,
+    KubernetesError,
+    KubernetesSettings,
+    NodeActions,
+)
 from redline.platform.spot.ledger import (
     CLAIM_NOT_FOUND,
     CLAIM_NOT_INTERRUPTED,
@@ -51,6 +66,19 @@ from redline.platform.spot.ledger import (
     RequestLedger,
 )
 from redline.platform.spot.readiness import INSTANCE_HEADER, ReadinessCheck, ReadinessGate
+from redline.platform.spot.replacement import (
+    KubernetesScaleUp,
+    ReplacementError,
+    ReplacementLog,
+    ReplacementProvider,
+    ReplacementRequest,
+    ReplacementResult,
+    ReplacementRunner,
+    ReplacementSettings,
+    WebhookReplacement,
+    build_replacement_provider,
+    build_replacement_request,
+)
 from redline.platform.spot.resume import (
     ATTEMPT_HEADER,
     REQUEST_ID_HEADER,
@@ -105,18 +133,27 @@ __all__ = [
     "CLAIM_NOT_INTERRUPTED",
     "CLAIM_NOT_RETRY_SAFE",
     "Clock",
+    "ClusterActions",
+    "DEFAULT_CONDITION_TYPE",
     "DEFAULT_LEDGER_PREFIX",
     "DEFAULT_STATE_PREFIX",
+    "DEFAULT_TAINT_KEY",
     "DrainBudget",
     "FLAVOR_HEADER",
     "GatewayAdmin",
     "GcpMetadataSource",
     "INSTANCE_HEADER",
     "InflightView",
+    "KubernetesClient",
+    "KubernetesConflictError",
+    "KubernetesError",
+    "KubernetesScaleUp",
+    "KubernetesSettings",
     "LedgerEntry",
     "LedgerError",
     "LedgerStatus",
     "ManualSource",
+    "NodeActions",
     "NodeRecord",
     "NodeState",
     "Notice",
@@ -124,13 +161,22 @@ __all__ = [
     "NoticeSourceError",
     "NoticeWatcher",
     "PROVIDERS",
+    "RBAC_RULES",
     "REQUEST_ID_HEADER",
     "RESUMED_HEADER",
     "RESUME_HEADER",
     "RETRY_SAFE_HEADER",
     "ReadinessCheck",
     "ReadinessGate",
+    "ReplacementError",
+    "ReplacementLog",
+    "ReplacementProvider",
+    "ReplacementRequest",
+    "ReplacementResult",
+    "ReplacementRunner",
+    "ReplacementSettings",
     "RequestLedger",
+    "SCALE_RBAC_RULES",
     "SPOT_ERROR_TYPE",
     "SpotAgentError",
     "SpotDrainFlow",
@@ -142,9 +188,12 @@ __all__ = [
     "TOKEN_TTL_HEADER",
     "TRANSITIONS",
     "TriageDecision",
+    "WebhookReplacement",
     "aborted_ratio",
     "build_drain_budget",
     "build_prompt_fingerprint",
+    "build_replacement_provider",
+    "build_replacement_request",
     "build_resume_payload",
     "build_spot_error",
     "build_transition",

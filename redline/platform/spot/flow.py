@@ -5,6 +5,10 @@ first), so the agent and the `spot_drain` playbook drive the same flow:
   node's in-flight requests against the drain budget; the routing store keeps admission closed;
 - `wait_drained`: -> TERMINATING once nothing is in flight on the node or the budget is spent;
 - `recover`: -> RECOVERED once the replacement passes the readiness gate; admission opens again.
+
+`on_notice` is called when a drain starts, before the gateways are asked: it must return at once
+(the agent's `ClusterActions` starts threads there: node taint, pods not ready, the replacement
+request), so nothing it does delays the drain. `on_recovered` is called after RECOVERED.
 """
 
 from __future__ import annotations
@@ -44,6 +48,8 @@ class SpotDrainFlow:
     clock: Clock = time.time
     poll_seconds: float = 0.1
     on_draining: Callable[[NodeRecord], None] | None = None
+    on_notice: Callable[[Notice], None] | None = None  # must not block (see the module doc)
+    on_recovered: Callable[[NodeRecord], None] | None = None
     tick: Callable[[], None] | None = None  # called on every poll (a playbook's lease check)
     last_reports: list[dict[str, Any]] = field(default_factory=list, init=False)
     last_check: ReadinessCheck | None = field(default=None, init=False)
@@ -63,6 +69,8 @@ class SpotDrainFlow:
         record = self.record()
         if record.state in (NodeState.DRAINING, NodeState.TERMINATING):
             return record
+        if self.on_notice is not None:
+            self.on_notice(notice)
         budget = build_drain_budget(self.spot, notice)
         self.last_check = None
         terminate = notice.terminate_at
@@ -156,6 +164,8 @@ class SpotDrainFlow:
             self.record(), NodeState.RECOVERED, self.clock(), detail=check.detail
         )
         self.store.put(record)
+        if self.on_recovered is not None:
+            self.on_recovered(record)
         return record
 
 
