@@ -64,16 +64,7 @@ def _gauge(metric: catalog.Metric, value: float | None = None) -> GaugeMetricFam
     return GaugeMetricFamily(metric.family, metric.help, value=value)
 
 
-ALERTED_OUTCOMES = (
-    "succeeded",
-    "failed",
-    "shadow",
-    "over_budget",
-    "breaker_open",
-    "paused",
-    "off",
-    "dry_run",
-)
+ALERTED_OUTCOMES = catalog.RUN_OUTCOMES
 """Run outcomes exposed (at 0) before the first run of a playbook: an alert on
 `increase(...)` then sees the first failure too, not only the second."""
 
@@ -167,7 +158,7 @@ def build_guard_families(
         breaker.add_metric([name], 1.0 if name in guards.breakers_open else 0.0)
         paused.add_metric([name], 1.0 if guards.is_paused(name) else 0.0)
         current = policies.get(name).mode
-        for value in ("act", "shadow", "off"):
+        for value in catalog.REMEDIATION_MODES:
             mode.add_metric([name, value], 1.0 if value == current else 0.0)
         age = ages.get(name, JobAges())
         overdue.add_metric([name], float(age.overdue))

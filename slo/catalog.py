@@ -432,6 +432,27 @@ REDLINE_REMEDIATION_MODE = Metric(
     "1 for the playbook's configured mode (act, shadow, off).",
     (LABEL_PLAYBOOK, "mode"),
 )
+
+# Label values of the remediation series: the receiver's metrics write them, the SLO report
+# and the dashboards read them.
+MODE_ACT = "act"
+MODE_SHADOW = "shadow"
+MODE_OFF = "off"
+REMEDIATION_MODES = (MODE_ACT, MODE_SHADOW, MODE_OFF)
+"""`mode` of `redline_remediation_mode`: the spec's `PlaybookMode`."""
+OUTCOME_SUCCEEDED = "succeeded"
+OUTCOME_FAILED = "failed"
+OUTCOME_SHADOW = MODE_SHADOW
+OUTCOME_DRY_RUN = "dry_run"
+OUTCOME_RETRY = "retry"
+"""An attempt that will be retried, not the end of a run."""
+ACTED_OUTCOMES = (OUTCOME_SUCCEEDED, OUTCOME_FAILED)
+"""A run that acted (mode act) and ended."""
+SKIP_OUTCOMES = (MODE_OFF, "paused", "over_budget", "breaker_open")
+"""A run the guard rails skipped (`redline.remediation.guards.SkipOutcome`): its playbook off,
+paused, over its budget, or its breaker open."""
+RUN_OUTCOMES = (*ACTED_OUTCOMES, OUTCOME_SHADOW, *SKIP_OUTCOMES, OUTCOME_DRY_RUN)
+"""Every final `outcome` of `redline_remediation_runs_total` (a retry is not final)."""
 REDLINE_REMEDIATION_JOBS_OVERDUE = Metric(
     "redline_remediation_jobs_overdue",
     "gauge",

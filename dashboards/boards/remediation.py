@@ -30,7 +30,6 @@ from redline.dashboards.panels import (
     two_state_mapping,
 )
 from redline.slo import catalog
-from redline.slo.report.remediation import SHADOW, SKIP_OUTCOMES
 from redline.slo.spec import PLAYBOOK_NAMES, Spec
 
 SLUG = "remediation"
@@ -51,7 +50,8 @@ NEXT_ALERT: tuple[dict[str, Any], ...] = (
     },
 )
 """What the worker does with a playbook's next alert (`next_alert_expr`)."""
-SKIPPED = "|".join(SKIP_OUTCOMES)
+SHADOW = catalog.OUTCOME_SHADOW
+SKIPPED = "|".join(catalog.SKIP_OUTCOMES)
 TARGET_LABELS = (
     catalog.LABEL_MODEL,
     catalog.LABEL_MODEL_VERSION,

@@ -13,6 +13,7 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -269,6 +270,37 @@ def _guarded(
     return settings, client, guards
 
 
+GuardChange = Callable[[GuardStore, str], tuple[dict[str, Any], str]]
+"""A change of the guard state by a human (who): the audit record's fields and the outcome."""
+
+
+def _hand_over(
+    verb: str,
+    event: str,
+    change: GuardChange,
+    playbook: str | None,
+    reason: str,
+    by: str | None,
+    *,
+    config: Path | None,
+    redis_url: str | None,
+    playbooks: str | None,
+) -> None:
+    """`pause` and `resume`: change the guard state, record it in the audit trail as `event`
+    with who and why, print the outcome; Redis or the audit trail failing exits 1."""
+    settings, client, guards = _guarded(config, redis_url, playbooks, playbook)
+    who, name = _who(by), playbook or "every playbook"
+    try:
+        fields, outcome = change(guards, who)
+        audit = AuditLog(client, settings.key_prefix, settings.audit_file)
+        audit.append(event, None, playbook=playbook or "*", by=who, reason=reason, **fields)
+    except (redis.RedisError, AuditError) as exc:
+        raise fail(f"{settings.redis_url}: cannot {verb} {name}: {exc}", 1) from None
+    finally:
+        client.close()
+    _print(out, f"{name}: {outcome}; by {who}: {reason}")
+
+
 @remediation_app.command("pause")
 def pause(
     playbook: PlaybookArg = None,
@@ -280,21 +312,15 @@ def pause(
     playbooks: PlaybooksOpt = None,
 ) -> None:
     """Pause a playbook (or all) for a human to take over: its jobs are recorded and skipped."""
-    settings, client, guards = _guarded(config, redis_url, playbooks, playbook)
-    who, name = _who(by), playbook or "every playbook"
-    try:
+
+    def change(guards: GuardStore, who: str) -> tuple[dict[str, Any], str]:
         changed = guards.pause(playbook, who, reason)
-        audit = AuditLog(client, settings.key_prefix, settings.audit_file)
-        audit.append(
-            "playbook.paused", None, playbook=playbook or "*", by=who, reason=reason,
-            already=not changed,
-        )  # fmt: skip
-    except (redis.RedisError, AuditError) as exc:
-        raise fail(f"{settings.redis_url}: cannot pause {name}: {exc}", 1) from None
-    finally:
-        client.close()
-    state = "paused" if changed else "already paused (first pause kept)"
-    _print(out, f"{name}: {state}; by {who}: {reason}")
+        return {"already": not changed}, (
+            "paused" if changed else "already paused (first pause kept)"
+        )
+
+    _hand_over("pause", "playbook.paused", change, playbook, reason, by,
+               config=config, redis_url=redis_url, playbooks=playbooks)  # fmt: skip
 
 
 @remediation_app.command("resume")
@@ -308,23 +334,17 @@ def resume(
     playbooks: PlaybooksOpt = None,
 ) -> None:
     """Hand a playbook (or all) back: lift its pause and close its breaker."""
-    settings, client, guards = _guarded(config, redis_url, playbooks, playbook)
-    who, name = _who(by), playbook or "every playbook"
-    try:
+
+    def change(guards: GuardStore, who: str) -> tuple[dict[str, Any], str]:
         lifted, closed = guards.resume(playbook)
-        audit = AuditLog(client, settings.key_prefix, settings.audit_file)
-        audit.append(
-            "playbook.resumed", None, playbook=playbook or "*", by=who, reason=reason,
-            pauses_lifted=lifted, breakers_closed=closed,
-        )  # fmt: skip
-    except (redis.RedisError, AuditError) as exc:
-        raise fail(f"{settings.redis_url}: cannot resume {name}: {exc}", 1) from None
-    finally:
-        client.close()
-    parts = [f"pause lifted: {', '.join(lifted)}" if lifted else "was not paused"]
-    if closed:
-        parts.append(f"breaker closed: {', '.join(closed)}")
-    _print(out, f"{name}: resumed ({'; '.join(parts)}); by {who}: {reason}")
+        parts = [f"pause lifted: {', '.join(lifted)}" if lifted else "was not paused"]
+        if closed:
+            parts.append(f"breaker closed: {', '.join(closed)}")
+        fields = {"pauses_lifted": lifted, "breakers_closed": closed}
+        return fields, f"resumed ({'; '.join(parts)})"
+
+    _hand_over("resume", "playbook.resumed", change, playbook, reason, by,
+               config=config, redis_url=redis_url, playbooks=playbooks)  # fmt: skip
 
 
 @remediation_app.command("status")

@@ -344,9 +344,14 @@ def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1")
 
 
 def start_prometheus(
-    workdir: Path, config: Path, port: int | None = None, host: str = "127.0.0.1"
+    workdir: Path,
+    config: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    extra_args: Sequence[str] = (),
 ) -> Service:
-    """Prometheus with `config`, lifecycle API on, its TSDB in `workdir/data`."""
+    """Prometheus with `config`, lifecycle API on, its TSDB in `workdir/data`; `extra_args`
+    after the usual flags (e.g. a `--query.lookback-delta`)."""
     binary = find_binary("prometheus")
     port = port or free_port(host)
     argv = [
@@ -357,6 +362,7 @@ def start_prometheus(
         "--web.enable-lifecycle",
         "--web.enable-admin-api",
         "--storage.tsdb.retention.time=400d",
+        *extra_args,
         "--log.level=warn",
     ]
     log = _service_dir(workdir, "prometheus")

@@ -50,12 +50,7 @@ from redline.slo.report.model import (
     SloReport,
     Summary,
 )
-from redline.slo.report.remediation import (
-    SHADOW,
-    SKIP_OUTCOMES,
-    build_actions,
-    build_guards,
-)
+from redline.slo.report.remediation import build_actions, build_guards
 from redline.slo.report.signals import SignalDef, signal_defs, source_notes
 from redline.slo.report.text import num, utc
 from redline.slo.spec import Slo, Spec
@@ -322,7 +317,7 @@ def build_remediation(
     for playbook, outcome in keys:
         count = current.duration_count.get(playbook, 0.0)
         mean = current.duration_sum.get(playbook, 0.0) / count if count > 0 else None
-        if outcome in SKIP_OUTCOMES:
+        if outcome in catalog.SKIP_OUTCOMES:
             mean = None  # a skip runs nothing: the playbook's mean is not its duration
         prev = previous.runs.get((playbook, outcome), 0.0) if previous.measured else None
         runs_now = current.runs.get((playbook, outcome), 0.0)
@@ -573,10 +568,10 @@ def build_report(
             previous_incidents=prev_count,
             remediation_runs=round(runs_now, 3),
             remediation_shadow_runs=round(
-                sum(r.runs for r in remediation if r.outcome == SHADOW), 3
+                sum(r.runs for r in remediation if r.outcome == catalog.OUTCOME_SHADOW), 3
             ),
             remediation_skipped_runs=round(
-                sum(r.runs for r in remediation if r.outcome in SKIP_OUTCOMES), 3
+                sum(r.runs for r in remediation if r.outcome in catalog.SKIP_OUTCOMES), 3
             ),
         ),
         notes=notes,

@@ -18,22 +18,11 @@ from redline.slo.report.model import ActionKind, Incident, RemediationAction, Re
 from redline.slo.report.text import num, utc
 from redline.slo.spec import Spec
 
-SHADOW = "shadow"
-DRY_RUN = "dry_run"
-RETRY = "retry"
-ACTED_OUTCOMES = ("succeeded", "failed")
-SKIP_OUTCOMES = ("off", "paused", "over_budget", "breaker_open")
-"""Outcomes of `redline_remediation_runs_total` (`redline.remediation.guards.SkipOutcome` and
-the worker's final states). `retry` is an attempt, not the end of a run: no action line."""
-
-MODES = ("act", "shadow", "off")
-"""Values of `redline_remediation_mode{mode}`."""
-
 _SKIP_WORDS = {
-    "off": "skipped, mode off",
-    "paused": "skipped, paused",
-    "over_budget": "skipped, over budget",
-    "breaker_open": "skipped, breaker open",
+    outcome: "skipped, mode off"
+    if outcome == catalog.MODE_OFF
+    else f"skipped, {outcome.replace('_', ' ')}"
+    for outcome in catalog.SKIP_OUTCOMES
 }
 
 
@@ -100,13 +89,13 @@ def _dt(ts: float) -> datetime:
 
 def kind_of(outcome: str) -> ActionKind:
     """Which kind of action an outcome is."""
-    if outcome in ACTED_OUTCOMES:
+    if outcome in catalog.ACTED_OUTCOMES:
         return "acted"
-    if outcome == SHADOW:
+    if outcome == catalog.OUTCOME_SHADOW:
         return "shadow"
-    if outcome in SKIP_OUTCOMES:
+    if outcome in catalog.SKIP_OUTCOMES:
         return "skipped"
-    if outcome == DRY_RUN:
+    if outcome == catalog.OUTCOME_DRY_RUN:
         return "dry_run"
     return "other"
 
@@ -122,15 +111,15 @@ def describe(playbook: str, outcome: str, labels: Mapping[str, str], alert: str 
         args[catalog.LABEL_MODEL_VERSION] = ""  # "rolled back chat", not a made-up version
     infinitive = verb.infinitive.format_map(args).strip()
     match outcome:
-        case "succeeded":
+        case catalog.OUTCOME_SUCCEEDED:
             return verb.past.format_map(args).strip()
-        case "failed":
+        case catalog.OUTCOME_FAILED:
             return f"tried to {infinitive}"
-        case "shadow":
+        case catalog.OUTCOME_SHADOW:
             return f"would have {verb.participle.format_map(args).strip()}"
-        case "dry_run":
+        case catalog.OUTCOME_DRY_RUN:
             return f"planned to {infinitive} (dry run)"
-        case _ if outcome in SKIP_OUTCOMES:
+        case _ if outcome in catalog.SKIP_OUTCOMES:
             return f"did not {infinitive}"
         case _:
             return f"{playbook} ended {outcome}"
@@ -169,7 +158,9 @@ def build_actions(
     """Every run that ended in the period (retries left out), oldest first, with its alert."""
     actions: list[RemediationAction] = []
     inside = [
-        e for e in events if window.start < e.at <= window.end and e.outcome != RETRY and e.runs > 0
+        e
+        for e in events
+        if window.start < e.at <= window.end and e.outcome != catalog.OUTCOME_RETRY and e.runs > 0
     ]
     for event in sorted(inside, key=lambda e: (e.at, e.playbook, e.outcome)):
         incident = match_incident(spec, event.playbook, event.at, incidents)
@@ -193,7 +184,7 @@ def build_actions(
 
 def _guard_text(state: GuardState) -> str:
     parts: list[str] = []
-    unusual = sorted(set(state.modes_seen) - {"act"})
+    unusual = sorted(set(state.modes_seen) - {catalog.MODE_ACT})
     if unusual:
         end = f", {state.mode_at_end} at the end" if state.mode_at_end else ""
         parts.append(f"mode {' and '.join(unusual)} during the period{end}")
@@ -212,8 +203,8 @@ def build_guards(states: Sequence[GuardState]) -> list[RemediationGuard]:
     """The playbooks whose guard rails were not plain `act` at some point, by name."""
     rows: list[RemediationGuard] = []
     for state in sorted(states, key=lambda s: s.playbook):
-        unusual = set(state.modes_seen) - {"act"} or (
-            state.mode_at_end is not None and state.mode_at_end != "act"
+        unusual = set(state.modes_seen) - {catalog.MODE_ACT} or (
+            state.mode_at_end is not None and state.mode_at_end != catalog.MODE_ACT
         )
         flagged = state.paused_during or state.paused_at_end
         flagged = flagged or state.breaker_open_during or state.breaker_open_at_end
@@ -232,7 +223,8 @@ def build_guards(states: Sequence[GuardState]) -> list[RemediationGuard]:
         rows.append(
             RemediationGuard(
                 playbook=state.playbook,
-                modes=[m for m in MODES if m in modes] + sorted(modes - set(MODES)),
+                modes=[m for m in catalog.REMEDIATION_MODES if m in modes]
+                + sorted(modes - set(catalog.REMEDIATION_MODES)),
                 mode_at_end=state.mode_at_end,
                 paused_during=state.paused_during,
                 paused_at_end=state.paused_at_end,

@@ -159,6 +159,7 @@ class _Engine:
         self.model = model
         self.extra = dict(sorted(extra_labels.items()))
         self.lora_adapters = tuple(lora_adapters)
+        self.bound: dict[str, str] = {}
         self.setup()
 
     def setup(self) -> None:
@@ -174,6 +175,27 @@ class _Engine:
         """The model label, `engine_labels` and the extra labels, as label name -> value."""
         labels = {self.model_label: self.model} if self.model_label else {}
         return {**labels, **engine_labels, **self.extra}
+
+    def signal(self, signal: str) -> str:
+        """The profile's (first) series name for `signal`."""
+        return _names(self.profile, signal)[0]
+
+    def bind(self, **engine_labels: str) -> dict[str, str]:
+        """Label the `bound_*` series with `base_labels(**engine_labels)`; those labels."""
+        self.bound = self.base_labels(**engine_labels)
+        return self.bound
+
+    def bound_histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+        """A histogram with the bound labels: its one child."""
+        return self.histogram(name, doc, list(self.bound), buckets).labels(**self.bound)
+
+    def bound_counter(self, name: str, doc: str) -> Counter:
+        """A counter with the bound labels: its one child."""
+        return self.counter(name, doc, list(self.bound)).labels(**self.bound)
+
+    def bound_gauge(self, name: str, doc: str) -> Gauge:
+        """A gauge with the bound labels: its one child."""
+        return self.gauge(name, doc, list(self.bound)).labels(**self.bound)
 
     def histogram(
         self, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float]
@@ -205,53 +227,41 @@ class _Vllm(_Engine):
 
     def setup(self) -> None:
         """The engine's series, the API server's, and LoRA info when adapters are loaded."""
-        base = self.base_labels(engine="0")
+        base = self.bind(engine="0")
         names = list(base)
-        buckets_tokens = _one_two_five(VLLM_MAX_MODEL_LEN)
-        self.e2e = self.histogram(
-            _names(self.profile, "request_duration")[0],
+        tokens = _one_two_five(VLLM_MAX_MODEL_LEN)
+        self.e2e = self.bound_histogram(
+            self.signal("request_duration"),
             "Histogram of e2e request latency in seconds.",
-            names,
             VLLM_REQUEST_LATENCY_BUCKETS,
-        ).labels(**base)
-        self.ttft = self.histogram(
-            _names(self.profile, "time_to_first_token")[0],
+        )
+        self.ttft = self.bound_histogram(
+            self.signal("time_to_first_token"),
             "Histogram of time to first token in seconds.",
-            names,
             VLLM_TTFT_BUCKETS,
-        ).labels(**base)
-        self.itl = self.histogram(
+        )
+        self.itl = self.bound_histogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            names,
             VLLM_ITL_BUCKETS,
-        ).labels(**base)
-        self.queue = self.histogram(
+        )
+        self.queue = self.bound_histogram(
             "vllm:request_queue_time_seconds",
             "Histogram of time spent in WAITING phase for request.",
-            names,
             VLLM_REQUEST_LATENCY_BUCKETS,
-        ).labels(**base)
-        self.prompt_hist = self.histogram(
-            "vllm:request_prompt_tokens",
-            "Number of prefill tokens processed.",
-            names,
-            buckets_tokens,
-        ).labels(**base)
-        self.generation_hist = self.histogram(
-            "vllm:request_generation_tokens",
-            "Number of generation tokens processed.",
-            names,
-            buckets_tokens,
-        ).labels(**base)
-        self.prompt_tokens = self.counter(
-            _names(self.profile, "prompt_tokens")[0], "Number of prefill tokens processed.", names
-        ).labels(**base)
-        self.generation_tokens = self.counter(
-            _names(self.profile, "generated_tokens")[0],
-            "Number of generation tokens processed.",
-            names,
-        ).labels(**base)
+        )
+        self.prompt_hist = self.bound_histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens
+        )
+        self.generation_hist = self.bound_histogram(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
+        self.prompt_tokens = self.bound_counter(
+            self.signal("prompt_tokens"), "Number of prefill tokens processed."
+        )
+        self.generation_tokens = self.bound_counter(
+            self.signal("generated_tokens"), "Number of generation tokens processed."
+        )
         success = self.counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -261,18 +271,18 @@ class _Vllm(_Engine):
             reason: success.labels(**base, finished_reason=reason)
             for reason in VLLM_FINISHED_REASONS
         }
-        self.preemptions = self.counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", names
-        ).labels(**base)
-        self.running = self.gauge(
-            "vllm:num_requests_running", "Number of requests in model execution batches.", names
-        ).labels(**base)
-        self.waiting = self.gauge(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.", names
-        ).labels(**base)
-        self.kv_cache = self.gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", names
-        ).labels(**base)
+        self.preemptions = self.bound_counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine."
+        )
+        self.running = self.bound_gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches."
+        )
+        self.waiting = self.bound_gauge(
+            "vllm:num_requests_waiting", "Number of requests waiting to be processed."
+        )
+        self.kv_cache = self.bound_gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."
+        )
         self.lora_info = (
             self.gauge(
                 "vllm:lora_requests_info",
@@ -287,7 +297,7 @@ class _Vllm(_Engine):
         # series is partly invisible to rate(), as on a real vLLM.
         http_labels = ["handler", "method", "status", *self.extra]
         self.http_requests = self.counter(
-            _names(self.profile, "requests")[0],
+            self.signal("requests"),
             "Total number of requests by method, status and handler.",
             http_labels,
         )
@@ -347,46 +357,35 @@ class _Sglang(_Engine):
 
     def setup(self) -> None:
         """The engine's series."""
-        base = self.base_labels(engine_type="unified")
-        names = list(base)
-        self.e2e = self.histogram(
-            _names(self.profile, "request_duration")[0],
+        self.bind(engine_type="unified")
+        self.e2e = self.bound_histogram(
+            self.signal("request_duration"),
             "Histogram of End-to-end request latency in seconds",
-            names,
             SGLANG_E2E_BUCKETS,
-        ).labels(**base)
-        self.ttft = self.histogram(
-            _names(self.profile, "time_to_first_token")[0],
-            "Histogram of time to first token in seconds.",
-            names,
-            SGLANG_TTFT_BUCKETS,
-        ).labels(**base)
-        self.requests = self.counter(
-            _names(self.profile, "requests")[0], "Number of requests processed.", names
-        ).labels(**base)
-        self.aborted = self.counter(
-            _names(self.profile, "errors")[0], "Number of requests aborted.", names
-        ).labels(**base)
-        self.prompt_tokens = self.counter(
-            _names(self.profile, "prompt_tokens")[0], "Number of prefill tokens processed.", names
-        ).labels(**base)
-        self.generation_tokens = self.counter(
-            _names(self.profile, "generated_tokens")[0],
-            "Number of generation tokens processed.",
-            names,
-        ).labels(**base)
-        self.cached_tokens = self.counter(
-            "sglang:cached_tokens_total", "Number of cached prompt tokens.", names
-        ).labels(**base)
-        self.running = self.gauge(
-            "sglang:num_running_reqs", "The number of running requests.", names
-        ).labels(**base)
-        self.queued = self.gauge(
-            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", names
-        ).labels(**base)
-        self.token_usage = self.gauge("sglang:token_usage", "The token usage.", names).labels(
-            **base
         )
+        self.ttft = self.bound_histogram(
+            self.signal("time_to_first_token"),
+            "Histogram of time to first token in seconds.",
+            SGLANG_TTFT_BUCKETS,
+        )
+        self.requests = self.bound_counter(self.signal("requests"), "Number of requests processed.")
+        self.aborted = self.bound_counter(self.signal("errors"), "Number of requests aborted.")
+        self.prompt_tokens = self.bound_counter(
+            self.signal("prompt_tokens"), "Number of prefill tokens processed."
+        )
+        self.generation_tokens = self.bound_counter(
+            self.signal("generated_tokens"), "Number of generation tokens processed."
+        )
+        self.cached_tokens = self.bound_counter(
+            "sglang:cached_tokens_total", "Number of cached prompt tokens."
+        )
+        self.running = self.bound_gauge(
+            "sglang:num_running_reqs", "The number of running requests."
+        )
+        self.queued = self.bound_gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue."
+        )
+        self.token_usage = self.bound_gauge("sglang:token_usage", "The token usage.")
         self.token_usage.set(0.05)
 
     def record(self, request: Request, count: int) -> None:
@@ -447,8 +446,8 @@ class _Tgi(_Engine):
         """The engine's series."""
         labels = self.base_labels()
         names = list(labels)
-        self.count_name = _names(self.profile, "requests")[0]
-        self.failure_name = _names(self.profile, "errors")[0]
+        self.count_name = self.signal("requests")
+        self.failure_name = self.signal("errors")
         self.success_name = "tgi_request_success"
         self.counters = _BareCounters(
             {
@@ -463,7 +462,7 @@ class _Tgi(_Engine):
             return self.histogram(name, doc, names, TGI_DURATION_BUCKETS)
 
         self.total = duration(
-            _names(self.profile, "request_duration")[0], "Total time spent processing the request"
+            self.signal("request_duration"), "Total time spent processing the request"
         )
         self.validation = duration(
             "tgi_request_validation_duration", "Time spent validating the request"
@@ -476,13 +475,13 @@ class _Tgi(_Engine):
         input_buckets = [TGI_MAX_INPUT_TOKENS / 100 * (x + 1) for x in range(100)]
         total_buckets = [TGI_MAX_TOTAL_TOKENS / 100 * (x + 1) for x in range(100)]
         self.input_length = self.histogram(
-            _names(self.profile, "prompt_tokens")[0].removesuffix("_sum"),
+            self.signal("prompt_tokens").removesuffix("_sum"),
             "Input token length per request",
             names,
             input_buckets,
         )
         self.generated = self.histogram(
-            _names(self.profile, "generated_tokens")[0].removesuffix("_sum"),
+            self.signal("generated_tokens").removesuffix("_sum"),
             "Generated tokens per request",
             names,
             total_buckets,
@@ -527,52 +526,46 @@ class _Nim(_Engine):
 
     def setup(self) -> None:
         """The engine's series."""
-        base = self.base_labels()
-        names = list(base)
-        failure = _names(self.profile, "errors")[0]
+        base = self.bind()
+        failure = self.signal("errors")
         (success,) = (n for n in _names(self.profile, "requests") if n != failure)
-        self.e2e = self.histogram(
-            _names(self.profile, "request_duration")[0],
+        self.e2e = self.bound_histogram(
+            self.signal("request_duration"),
             "Histogram of end to end request latency in seconds",
-            names,
             VLLM_REQUEST_LATENCY_BUCKETS,
-        ).labels(**base)
-        self.ttft = self.histogram(
-            _names(self.profile, "time_to_first_token")[0],
+        )
+        self.ttft = self.bound_histogram(
+            self.signal("time_to_first_token"),
             "Histogram of time to first token in seconds",
-            names,
             VLLM_TTFT_BUCKETS,
-        ).labels(**base)
-        self.tpot = self.histogram(
+        )
+        self.tpot = self.bound_histogram(
             "time_per_output_token_seconds",
             "Histogram of time per output token in seconds",
-            names,
             VLLM_ITL_BUCKETS,
-        ).labels(**base)
-        self.success = self.counter(success, "Number of successful requests", names).labels(**base)
-        self.failure = self.counter(failure, "Number of failed requests", names).labels(**base)
+        )
+        self.success = self.bound_counter(success, "Number of successful requests")
+        self.failure = self.bound_counter(failure, "Number of failed requests")
         finish = self.counter(
-            "request_finish", "Number of finished requests", [*names, "finished_reason"]
+            "request_finish", "Number of finished requests", [*base, "finished_reason"]
         )
         self.finished = {
             reason: finish.labels(**base, finished_reason=reason)
             for reason in ("stop", "length", "abort")
         }
-        self.prompt_tokens = self.counter(
-            _names(self.profile, "prompt_tokens")[0], "Number of prefill tokens processed", names
-        ).labels(**base)
-        self.generation_tokens = self.counter(
-            _names(self.profile, "generated_tokens")[0],
-            "Number of generation tokens processed",
-            names,
-        ).labels(**base)
+        self.prompt_tokens = self.bound_counter(
+            self.signal("prompt_tokens"), "Number of prefill tokens processed"
+        )
+        self.generation_tokens = self.bound_counter(
+            self.signal("generated_tokens"), "Number of generation tokens processed"
+        )
         for gauge_name, doc, value in (
             ("num_requests_running", "Number of requests currently running on GPU", 0.0),
             ("num_requests_waiting", "Number of requests waiting to be processed", 0.0),
             ("num_request_max", "Max number of requests that can be run concurrently", 256.0),
             ("gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage", 0.05),
         ):
-            self.gauge(gauge_name, doc, names).labels(**base).set(value)
+            self.bound_gauge(gauge_name, doc).set(value)
 
     def record(self, request: Request, count: int) -> None:
         """Success is a finish by stop or length; any other finish is a failure."""
@@ -612,12 +605,12 @@ class _OtelGenai(_Engine):
         }
         names = list(self.common)
         self.duration = self.histogram(
-            _names(self.profile, "request_duration")[0],
+            self.signal("request_duration"),
             "GenAI operation duration.",
             [*names, "error_type"],
             OTEL_DURATION_BUCKETS,
         )
-        usage = _names(self.profile, "prompt_tokens")[0].removesuffix("_sum")
+        usage = self.signal("prompt_tokens").removesuffix("_sum")
         self.tokens = self.histogram(
             usage,
             "Number of input and output tokens used.",
@@ -625,7 +618,7 @@ class _OtelGenai(_Engine):
             OTEL_TOKEN_BUCKETS,
         )
         self.ttft = self.histogram(
-            _names(self.profile, "time_to_first_token")[0],
+            self.signal("time_to_first_token"),
             "Time to generate first token for successful responses.",
             names,
             OTEL_SERVER_TTFT_BUCKETS,

@@ -20,7 +20,6 @@ from redline.devstack.samples.openmetrics import Family, Series, render_openmetr
 from redline.rules.build import build_rule_groups
 from redline.rules.model import number
 from redline.slo import catalog
-from redline.slo.report.remediation import ACTED_OUTCOMES, MODES, SHADOW, SKIP_OUTCOMES
 from redline.slo.spec import PLAYBOOK_NAMES, Spec, parse_duration
 
 MODEL = "chat"
@@ -35,7 +34,8 @@ SPOT_NODE_STATES = ("ready", "draining", "terminating", "recovered")
 PROBES = ("llm_endpoints", "index_staleness", "session_rpo", "keepalive", "drift", "models")
 RUN_PLAYBOOKS = ("reroute", "freeze_and_replay", "semantic_rollback")
 """Playbooks that run in the sample (the others only publish their zeros and gauges)."""
-RUN_OUTCOMES = (*ACTED_OUTCOMES, SHADOW, *SKIP_OUTCOMES)
+RUN_OUTCOMES = tuple(o for o in catalog.RUN_OUTCOMES if o != catalog.OUTCOME_DRY_RUN)
+"""Outcomes the sample's runs end with (no dry runs)."""
 WRITES_PER_SECOND = 3.0
 RETENTION_SECONDS = 600.0
 STREAM_BASE_BYTES = 65_536.0
@@ -671,7 +671,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
                 run = {"playbook": playbook, "outcome": outcome}
                 count(catalog.REDLINE_REMEDIATION_RUNS_TOTAL.family, run, now, finished)
             if playbook in runs_hist:
-                timed = [e for e in done if e[2] not in SKIP_OUTCOMES]  # skips take no time
+                timed = [e for e in done if e[2] not in catalog.SKIP_OUTCOMES]  # skips take no time
                 runs_hist[playbook].observe(now, float(len(timed)), timed[0][3] if timed else 1.0)
             _guard_step(spec, scenario, playbook, share, now, job_started, gauge)
         # The audit trail, verified every minute: three records per delivered incident change.
@@ -711,7 +711,7 @@ def _guard_step(  # noqa: PLR0913 - one playbook's gauges at one step
     labels = {"playbook": playbook}
     current = scenario.rollback_mode if playbook == "semantic_rollback" else "act"
     mode = catalog.REDLINE_REMEDIATION_MODE
-    for value in MODES:
+    for value in catalog.REMEDIATION_MODES:
         gauge(mode.name, {**labels, mode.labels[1]: value}, now, float(value == current))
     paused = playbook == "freeze_and_replay" and scenario.freeze_paused.holds(share)
     gauge(catalog.REDLINE_REMEDIATION_PAUSED.name, labels, now, float(paused))

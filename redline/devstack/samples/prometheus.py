@@ -12,13 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from redline.devstack.processes import (
-    Service,
-    find_binary,
-    free_port,
-    http_ok,
-    start_service,
-)
+from redline.devstack.processes import Service, find_binary, start_prometheus
 from redline.devstack.samples.dashboards import build_sample_openmetrics
 from redline.rules.build import build_rule_groups
 from redline.rules.model import RuleGroup, format_duration
@@ -112,22 +106,10 @@ def lookback_delta(step: float) -> str:
 def start_sample_prometheus_process(
     workdir: Path, config: Path, step: float, port: int | None = None
 ) -> Service:
-    """Prometheus on `workdir/data` with the lookback of the sample's step (`lookback_delta`);
-    otherwise the flags of `processes.start_prometheus`."""
-    port = port or free_port()
-    argv = [
-        find_binary("prometheus"),
-        f"--config.file={config}",
-        f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--web.enable-lifecycle",
-        "--web.enable-admin-api",
-        "--storage.tsdb.retention.time=400d",
-        f"--query.lookback-delta={lookback_delta(step)}",
-        "--log.level=warn",
-    ]
-    ready = http_ok(f"http://127.0.0.1:{port}/-/ready")
-    return start_service("prometheus", argv, workdir / "prometheus.log", port, ready)
+    """`processes.start_prometheus` on `workdir/data` with the lookback of the sample's step
+    (`lookback_delta`)."""
+    lookback = f"--query.lookback-delta={lookback_delta(step)}"
+    return start_prometheus(workdir, config, port, extra_args=(lookback,))
 
 
 def _run(argv: list[str]) -> None:

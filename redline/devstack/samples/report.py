@@ -21,7 +21,6 @@ from redline.devstack.processes import ServiceError, find_binary
 from redline.devstack.samples.openmetrics import Family, Series, render_openmetrics
 from redline.slo import catalog
 from redline.slo.catalog import Metric
-from redline.slo.report.remediation import MODES, SKIP_OUTCOMES
 
 SAMPLE_START = int(datetime(2025, 3, 1, tzinfo=UTC).timestamp())
 SAMPLE_DAYS = 30
@@ -237,7 +236,9 @@ def build_sample(
         total = np.zeros(count)
         seconds = np.zeros(count)
         for run in sample.runs:
-            if run.playbook == playbook and run.outcome not in SKIP_OUTCOMES:  # skips: no time
+            if (
+                run.playbook == playbook and run.outcome not in catalog.SKIP_OUTCOMES
+            ):  # skips: no time
                 total[sample.times >= run.at] += 1
                 seconds[sample.times >= run.at] += run.seconds
         sample.add(
@@ -272,7 +273,7 @@ def build_sample(
     # The receiver's guard gauges: semantic_rollback in shadow mode all month, nothing paused.
     for playbook in sorted({r.playbook for r in sample.runs}):
         current = "shadow" if playbook == "semantic_rollback" else "act"
-        for mode in MODES:
+        for mode in catalog.REMEDIATION_MODES:
             sample.add(
                 catalog.REDLINE_REMEDIATION_MODE,
                 {"playbook": playbook, catalog.REDLINE_REMEDIATION_MODE.labels[1]: mode},

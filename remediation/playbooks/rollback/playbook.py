@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redline.platform.golden import GOLDEN_SET, GoldenPrompt
@@ -38,6 +38,10 @@ from redline.remediation.playbooks.rollback.pods import (
 from redline.remediation.playbooks.rollback.state import Progress, ProgressStore
 from redline.remediation.playbooks.rollback.switch import Switcher
 from redline.remediation.settings import RollbackSettings, ServingSettings
+
+PodJudge = Callable[[dict[str, str | None]], tuple[str, str | None]]
+"""A pod's served adapters (name -> root) judged: the note for its report, and the problem
+(None: fine)."""
 
 
 class SemanticRollback(Playbook):
@@ -226,7 +230,9 @@ class SemanticRollback(Playbook):
             skipped={pod.key: pod.skipped for pod in fleet.skipped},
         )
 
-    def _check_pods(self, name: str) -> StepResult:
+    def _ask_pods(self, phase: str, judge: PodJudge) -> tuple[list[str], FleetReport]:
+        """Ask every pod which adapters it serves and `judge` the answer: the problems (one
+        line a pod, a pod that cannot be asked included) and the per-pod report under `phase`."""
         fleet = discover_fleet(self.serving)
         report = FleetReport(fleet)
         problems = []
@@ -235,11 +241,23 @@ class SemanticRollback(Playbook):
                 try:
                     roots = served_adapters(client, pod)
                 except PodError as exc:
-                    report.fail(pod, "serving", str(exc))
+                    report.fail(pod, phase, str(exc))
                     problems.append(f"{pod.key}: {exc}")
                     continue
-                staged = sorted(a for a in roots if is_staged(a, name))
-                report.note(pod, "serving", serving_summary(roots, name, staged))
+                note, problem = judge(roots)
+                if problem is None:
+                    report.note(pod, phase, note)
+                else:
+                    report.fail(pod, phase, note)
+                    problems.append(f"{pod.key}: {problem}")
+        return problems, report
+
+    def _check_pods(self, name: str) -> StepResult:
+        def judge(roots: dict[str, str | None]) -> tuple[str, str | None]:
+            staged = sorted(a for a in roots if is_staged(a, name))
+            return serving_summary(roots, name, staged), None
+
+        problems, report = self._ask_pods("serving", judge)
         if problems:
             return StepResult.failure(
                 "pods that cannot be asked: " + "; ".join(problems), pods=report.as_dict()
@@ -444,27 +462,15 @@ class SemanticRollback(Playbook):
 
     def _verify_pods(self, snapshot: Snapshot) -> tuple[str | None, dict[str, Any]]:
         name, path = lora_name(snapshot), lora_path(snapshot)
-        fleet = discover_fleet(self.serving)
-        report = FleetReport(fleet)
-        wrong = []
-        with Switcher.client_for(self.serving) as client:
-            for pod in fleet.pods:
-                try:
-                    roots = served_adapters(client, pod)
-                except PodError as exc:
-                    report.fail(pod, "verified", str(exc))
-                    wrong.append(f"{pod.key}: {exc}")
-                    continue
-                if roots.get(name) != path:
-                    report.fail(pod, "verified", f"{name} is served from {roots.get(name)}")
-                    wrong.append(
-                        f"{pod.key}: {name} is served from {roots.get(name)}, expected {path}"
-                    )
-                else:
-                    report.note(pod, "verified", f"serves {snapshot.version}")
-        if wrong:
-            return "; ".join(wrong), report.as_dict()
-        return None, report.as_dict()
+
+        def judge(roots: dict[str, str | None]) -> tuple[str, str | None]:
+            if roots.get(name) == path:
+                return f"serves {snapshot.version}", None
+            served = f"{name} is served from {roots.get(name)}"
+            return served, f"{served}, expected {path}"
+
+        wrong, report = self._ask_pods("verified", judge)
+        return ("; ".join(wrong) if wrong else None), report.as_dict()
 
 
 __all__ = ["SemanticRollback"]

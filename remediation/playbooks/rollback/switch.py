@@ -194,14 +194,10 @@ class Switcher:
             if report.failures():
                 # Nothing was switched for this candidate; a candidate rejected earlier in this
                 # job may have been, so the original goes back where it is not served.
-                restored = self.restore(client, fleet, report, origin)
-                self.unload_staged(client, fleet, report, [staged])
-                return Outcome(
-                    "failed",
-                    f"{staged} could not be loaded on every pod; back on {origin.version}: "
-                    f"{restored}",
-                    report.as_dict(),
-                )
+                return self._fail_back(
+                    client, fleet, report, origin, staged,
+                    f"{staged} could not be loaded on every pod; back on {origin.version}",
+                )  # fmt: skip
             problems = self._precheck(client, fleet, report, snapshot, staged)
             if problems:
                 self.unload_staged(client, fleet, report, [staged])
@@ -216,20 +212,32 @@ class Switcher:
                 if not self._switch(client, pod, report, name, path, "switched", "switch_adapter"):
                     break
             if report.failures():
-                restored = self.restore(client, fleet, report, origin)
-                self.unload_staged(client, fleet, report, [staged])
-                return Outcome(
-                    "failed",
+                return self._fail_back(
+                    client, fleet, report, origin, staged,
                     f"{name} could not be switched to {snapshot.version} on every pod; the pods "
-                    f"and the pointer back on {origin.version}: {restored}",
-                    report.as_dict(),
-                )
+                    f"and the pointer back on {origin.version}",
+                )  # fmt: skip
             self.ctx.ensure_lease()
             verdict = self._through_gateway(client, fleet, report, snapshot)
             self.unload_staged(client, fleet, report, [staged])
         if not verdict.ok:
             return Outcome("rejected", verdict.reason, report.as_dict())
         return Outcome("chosen", verdict.reason, report.as_dict())
+
+    def _fail_back(
+        self,
+        client: httpx.Client,
+        fleet: Fleet,
+        report: FleetReport,
+        origin: Snapshot,
+        staged: str,
+        why: str,
+    ) -> Outcome:
+        """The candidate failed: the original back where it is not served, the staged adapter
+        unloaded everywhere."""
+        restored = self.restore(client, fleet, report, origin)
+        self.unload_staged(client, fleet, report, [staged])
+        return Outcome("failed", f"{why}: {restored}", report.as_dict())
 
     def _precheck(
         self,

@@ -46,6 +46,8 @@ SERVED = "x-redline-served-region"
 REROUTED = "x-redline-rerouted"
 DOWN = {"outage": "unavailable"}
 SLOW = {"latency": {"base_seconds": 0.7}}
+SLOWER_THAN_THE_RED_LINE = {"latency": {"base_seconds": 1.2}}
+"""Answers HTTP 200, but in 1.2 s: over the default spec's 0.8 s latency red line."""
 
 
 @dataclass
@@ -296,17 +298,61 @@ def test_restore_waits_while_prometheus_measures_the_region_slow(
             prometheus.stop()
 
 
+@pytest.mark.parametrize(
+    ("secondary", "fingerprint", "why"),
+    [
+        (DOWN, "c0000000000000c3", "HTTP 503: region secondary is unavailable"),
+        # Answering 200 is not enough: slower than the red line, it is no reroute target.
+        (SLOWER_THAN_THE_RED_LINE, "c0000000000000d2", "secondary: dry run answered 200"),
+    ],
+    ids=["down", "200-but-slower-than-the-red-line"],
+)
 def test_no_healthy_region_sets_nothing_and_fails_loudly(
-    redis_url: str, stack: Stack, routing: RoutingStore
+    redis_url: str,
+    stack: Stack,
+    routing: RoutingStore,
+    secondary: dict[str, Any],
+    fingerprint: str,
+    why: str,
 ) -> None:
     settings = _settings(redis_url, stack).model_copy(update={"max_attempts": 2})
     stack.faults("primary", DOWN)
-    stack.faults("secondary", DOWN)
-    [job] = run_jobs(settings, _alert("c0000000000000c3", datetime.now(UTC)))
+    stack.faults("secondary", secondary)
+    [job] = run_jobs(settings, _alert(fingerprint, datetime.now(UTC)))
     assert job.status == "failed" and job.attempts == 2
     assert job.error is not None and "no healthy region to take primary's traffic" in job.error
-    assert "secondary: " in job.error and "HTTP 503: region secondary is unavailable" in job.error
+    assert "none answered within the 0.8 s red line" in job.error
+    assert "secondary: " in job.error and why in job.error, job.error
     assert routing.get_override() is None
+
+
+def test_a_region_answering_200_slower_than_the_red_line_is_never_the_reroute_target(
+    redis_url: str,
+) -> None:
+    # Failover order primary, secondary, tertiary: the secondary comes first but is slow.
+    regions = ("primary", "secondary", "tertiary")
+    with serving_stack(
+        redis_url, regions, unhealthy_after_failures=0, routing_refresh_seconds=0.1
+    ) as stack:
+        routing = RoutingStore(redis.Redis.from_url(redis_url), regions=regions)
+        try:
+            settings = _settings(redis_url, stack)
+            stack.faults("primary", DOWN)
+            stack.faults("secondary", SLOWER_THAN_THE_RED_LINE)
+            [job] = run_jobs(settings, _alert("c0000000000000d1", datetime.now(UTC)))
+            assert job.status == "succeeded", job.error
+            plan = (job.plan or [])[0]["params"]
+            slow = plan["probes"]["secondary"]
+            # The secondary did answer 200: only its latency keeps it from the traffic.
+            assert slow["healthy"] is True and slow["seconds"] > 0.8, slow
+            assert plan["to"] == "tertiary"
+            [probe] = records(job, "probe")
+            assert probe["data"]["region"] == "tertiary"
+            override = routing.get_override()
+            assert override is not None and override.target_region == "tertiary"
+            assert _served(stack) == {("tertiary", "false")}
+        finally:
+            routing.close()
 
 
 def test_an_override_set_by_someone_else_is_left_alone_on_resolve(
