@@ -29,6 +29,7 @@ LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli.spot": ("spot-agent",),
     "redline.cli.report": ("report",),
     "redline.cli.dashboards": ("dashboards",),
+    "redline.cli.compose": ("compose",),
 }
 """Module → the top-level commands its `register(app)` adds."""
 

@@ -7,7 +7,7 @@ directory. The settings files each part is started with are built in `redline.de
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from redline.devstack.multiregion import GLOBAL_PART, regional_part
@@ -265,19 +265,26 @@ class Endpoints:
     """`redline-gateway`, or the engine profile the simulators publish (no gateway then)."""
     pods: int = DEFAULT_PODS
     """Simulator pods per region, behind the region's service front."""
+    hosts: Mapping[str, str] = field(default_factory=dict)
+    """Parts listening on an address of their own (the compose stack run as processes gives
+    each service a loopback address, as compose gives each container one); others on `host`."""
+
+    def address(self, part: str) -> str:
+        """`host:port` of a part."""
+        return f"{self.hosts.get(part, self.host)}:{self.ports[part]}"
 
     def _url(self, part: str) -> str:
-        return f"http://{self.host}:{self.ports[part]}"
+        return f"http://{self.address(part)}"
 
     @property
     def redis_url(self) -> str:
         """Redis of the job store, routing, delta log, sessions (db 0)."""
-        return f"redis://{self.host}:{self.ports['redis']}/0"
+        return f"redis://{self.address('redis')}/0"
 
     @property
     def session_replica_url(self) -> str:
         """The session replica store (db 1 of the same server)."""
-        return f"redis://{self.host}:{self.ports['redis']}/1"
+        return f"redis://{self.address('redis')}/1"
 
     @property
     def prometheus_url(self) -> str:
@@ -351,7 +358,7 @@ class Endpoints:
 
     def pod_address(self, region: str, pod: int) -> str:
         """`host:port` of one simulator pod (a scrape target)."""
-        return f"{self.host}:{self.ports[simulator_part(region, pod)]}"
+        return self.address(simulator_part(region, pod))
 
     @property
     def upstreams(self) -> dict[str, str]:
@@ -366,6 +373,7 @@ def build_endpoints(
     prometheus_regions: Sequence[str] = (),
     source: str = GATEWAY_SOURCE,
     pods: int = DEFAULT_PODS,
+    hosts: Mapping[str, str] | None = None,
 ) -> Endpoints:
     """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
     check_source(source)
@@ -377,9 +385,15 @@ def build_endpoints(
     for part, port in ports.items():
         if not 0 < port < 65536:
             raise StackConfigError(f"port of {part} must be 1..65535, got {port}")
-    if len(set(ports.values())) != len(ports):
-        raise StackConfigError("two parts were given the same port")
-    return Endpoints(host, dict(ports), tuple(regions), tuple(prometheus_regions), source, pods)
+    hosts = dict(hosts or {})
+    # Parts given an address of their own are placed deliberately (a compose service can stand
+    # for two parts, a pod and its region's service); the ports picked on `host` must differ.
+    shared = [port for part, port in ports.items() if part not in hosts]
+    if len(set(shared)) != len(shared):
+        raise StackConfigError("two parts were given the same address")
+    return Endpoints(
+        host, dict(ports), tuple(regions), tuple(prometheus_regions), source, pods, hosts
+    )
 
 
 def check_regions(spec: Spec) -> None:

@@ -75,6 +75,11 @@ class StackState(BaseModel):
         "(`redline up --pods`).",
     )
     ports: dict[str, int]
+    hosts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Parts on an address of their own (the compose stack run as processes); "
+        "every other part listens on `host`.",
+    )
     rate: float
     seed: int
     started_at: float
@@ -87,7 +92,13 @@ class StackState(BaseModel):
     def endpoints(self) -> Endpoints:
         """The URLs of this run."""
         return build_endpoints(
-            self.ports, self.regions, self.host, self.prometheus_regions, self.source, self.pods
+            self.ports,
+            self.regions,
+            self.host,
+            self.prometheus_regions,
+            self.source,
+            self.pods,
+            self.hosts,
         )
 
     def layout(self) -> StackLayout:

@@ -1,34 +1,59 @@
-"""The compose stack's Prometheus and Alertmanager configs, built from the spec.
+"""The compose stack's service addresses and its Prometheus and Alertmanager configs.
 
-`redline generate` writes them to `compose/generated/`; `compose/docker-compose.yml` mounts them
-with the generated rule file and dashboards. Service names and ports are the compose file's.
+`redline compose init` (`redline.generate.compose_config`) writes them to `compose/config/`
+with the rule file and every service's settings; `compose/docker-compose.yml` mounts them.
+Service names and ports are the compose file's: a test reads the compose file and checks them.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from redline.rules.alertmanager import build_alertmanager_config
 from redline.rules.build import build_rule_groups
 from redline.rules.model import format_duration
-from redline.rules.render import render_yaml
 from redline.slo.spec import Receiver, Spec
 
-COMPOSE_DIR = Path("compose/generated")
-PROMETHEUS_FILE = "prometheus.yml"
-ALERTMANAGER_FILE = "alertmanager.yml"
-RULE_PATH = "/etc/prometheus/rules/redline.rules.yml"
+RULE_FILE = "redline.rules.yml"
+RULE_PATH = f"/etc/prometheus/rules/{RULE_FILE}"
 TOKEN_PATH = "/run/secrets/webhook-token"
-RECEIVER_URL = "http://remediation:9095/alerts"
-ALERTMANAGERS = ("alertmanager-1:9093", "alertmanager-2:9093")
-SCRAPE_TARGETS = {
-    "gateway": "gateway:8080",
-    "exporters": "exporters:9109",
-    "remediation": "remediation:9095",
-    "prometheus": "localhost:9090",
+SERVICE_PORTS = {
+    "redis": 6379,
+    "prometheus": 9090,
+    "alertmanager-1": 9093,
+    "alertmanager-2": 9093,
+    "thanos-sidecar": 10902,
+    "gateway": 8080,
+    "exporters": 9109,
+    "remediation": 9095,
+    "simulator-primary": 8000,
+    "simulator-secondary": 8000,
+    "milvus-primary": 19530,
+    "milvus-replica": 19530,
+}
+"""Each compose service redline talks to -> the port it listens on inside its container."""
+
+
+def compose_address(service: str) -> str:
+    """`host:port` of a compose service on the compose network."""
+    return f"{service}:{SERVICE_PORTS[service]}"
+
+
+def compose_url(service: str, scheme: str = "http", database: int | None = None) -> str:
+    """The URL of a compose service (`database`: a Redis db number)."""
+    suffix = f"/{database if database is not None else 0}" if scheme == "redis" else ""
+    return f"{scheme}://{compose_address(service)}{suffix}"
+
+
+RECEIVER_URL = f"{compose_url('remediation')}/alerts"
+ALERTMANAGERS = (compose_address("alertmanager-1"), compose_address("alertmanager-2"))
+SCRAPE_TARGETS: dict[str, str | tuple[str, ...]] = {
+    "gateway": compose_address("gateway"),
+    "exporters": compose_address("exporters"),
+    "remediation": compose_address("remediation"),
+    "prometheus": f"localhost:{SERVICE_PORTS['prometheus']}",
     "alertmanager": ALERTMANAGERS,
-    "thanos-sidecar": "thanos-sidecar:10902",
+    "thanos-sidecar": compose_address("thanos-sidecar"),
 }
 
 
@@ -61,13 +86,3 @@ def build_compose_alertmanager_config(spec: Spec) -> dict[str, Any]:
     receiver = Receiver(url=RECEIVER_URL, bearer_token_file=TOKEN_PATH)
     compose_spec = spec.model_copy(update={"receiver": receiver})
     return build_alertmanager_config(compose_spec, build_rule_groups(compose_spec))
-
-
-def build_compose_outputs(spec: Spec, source: str) -> dict[Path, str]:
-    """The compose stack's generated files (path relative to the repo root) and their text."""
-    return {
-        COMPOSE_DIR / PROMETHEUS_FILE: render_yaml(build_compose_prometheus_config(spec), source),
-        COMPOSE_DIR / ALERTMANAGER_FILE: render_yaml(
-            build_compose_alertmanager_config(spec), source
-        ),
-    }

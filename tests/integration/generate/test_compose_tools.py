@@ -48,7 +48,7 @@ def test_every_redline_command_and_option_exists_in_the_cli() -> None:
         for option in options:
             assert option in result.stdout, f"{name}: redline {' '.join(words)} has no {option}"
         checked += 1
-    assert checked == 5  # exporters, gateway, remediation, two simulators
+    assert checked == 10  # every redline service, the demo ones included
     bogus = subprocess.run([REDLINE, "no-such-command", "--help"], capture_output=True, check=False)
     assert bogus.returncode != 0
 

@@ -83,7 +83,7 @@ def test_endpoints_reject_missing_duplicate_and_invalid_ports(ports: dict[str, i
     assert list(endpoints.upstreams) == list(REGIONS)
     with pytest.raises(StackConfigError, match="no port chosen for: gateway"):
         build_endpoints({k: v for k, v in ports.items() if k != "gateway"}, REGIONS)
-    with pytest.raises(StackConfigError, match="same port"):
+    with pytest.raises(StackConfigError, match="same address"):
         build_endpoints({**ports, "gateway": ports["redis"]}, REGIONS)
     with pytest.raises(StackConfigError, match="1..65535"):
         build_endpoints({**ports, "gateway": 70000}, REGIONS)

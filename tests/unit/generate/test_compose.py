@@ -11,10 +11,26 @@ from typing import Any
 import pytest
 import yaml
 
+from redline.core.settings import ServiceSettings, load_settings
 from redline.dashboards.render import DASHBOARDS_DIR
-from redline.exporters.settings import load_exporter_settings
-from redline.generate.compose import COMPOSE_DIR, build_compose_prometheus_config
-from redline.generate.outputs import build_outputs
+from redline.devstack.fakes.simulator import SimulatorSettings
+from redline.devstack.loadgen import LoadgenSettings
+from redline.exporters.settings import ExporterSettings
+from redline.gateway.settings import GatewaySettings
+from redline.generate.compose import SERVICE_PORTS, TOKEN_PATH, build_compose_prometheus_config
+from redline.generate.compose_config import (
+    CONFIG_DIR,
+    SECRETS,
+    SECRETS_DIR,
+    SECRETS_GID,
+    ComposeConfigError,
+    ComposeOptions,
+    build_compose_config,
+    build_upstreams,
+)
+from redline.platform.index.settings import IndexSettings
+from redline.platform.sessions import SessionSettings
+from redline.remediation.settings import RemediationSettings
 from redline.slo.load import load_spec
 from tests.support.compose import COMPOSE, ROOT, load_compose
 
@@ -37,7 +53,11 @@ def _host_path(source: str) -> Path | None:
     return (COMPOSE / source).resolve()
 
 
-def test_every_mounted_path_exists_in_the_repo(
+INIT_WRITES = {COMPOSE / CONFIG_DIR, COMPOSE / SECRETS_DIR}
+"""Folders `redline compose init` fills: not in the repo, checked against its output below."""
+
+
+def test_every_mounted_path_exists_in_the_repo_or_is_written_by_init(
     compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
     named = set(compose.get("volumes", {}))
@@ -47,6 +67,8 @@ def test_every_mounted_path_exists_in_the_repo(
             path = _host_path(source)
             if path is None:
                 assert source in named, f"{name}: volume {source} is not declared"
+                continue
+            if any(path == d or path.is_relative_to(d) for d in INIT_WRITES):
                 continue
             assert path.exists(), f"{name}: mounts {source}, which is not in the repo"
             assert path.is_relative_to(ROOT), f"{name}: mounts {source} from outside the repo"
@@ -59,26 +81,73 @@ def test_every_mounted_path_exists_in_the_repo(
                 if line.startswith("COPY "):
                     for source in line.split()[1:-1]:
                         assert (context / source).exists(), f"Dockerfile copies missing {source}"
-    for secret in compose["secrets"].values():
-        assert (COMPOSE / secret["file"]).is_file()
+    assert {Path(s["file"]).name for s in compose["secrets"].values()} == set(SECRETS)
     thanos = [v for v in services["thanos-sidecar"]["volumes"] if v.startswith("./thanos:")]
     assert thanos and (COMPOSE / "thanos" / "bucket-none.yml").is_file()
 
 
-def test_generated_files_mounted_are_generated(services: dict[str, dict[str, Any]]) -> None:
-    generated = {(ROOT / path).resolve() for path in build_outputs(load_spec().spec, "x")}
-    mounted = {
-        _host_path(volume.split(":")[0])
-        for service in services.values()
-        for volume in service.get("volumes", [])
+def _config_files_used(service: dict[str, Any]) -> set[str]:
+    """Files under /etc/redline a service's command or healthcheck names."""
+    words = [*service.get("command", []), *service.get("healthcheck", {}).get("test", [])]
+    return {
+        w.removeprefix("/etc/redline/") for w in map(str, words) if w.startswith("/etc/redline/")
     }
-    for relative in (
-        "rules/generated/redline.rules.yml",
-        f"{COMPOSE_DIR}/prometheus.yml",
-        f"{COMPOSE_DIR}/alertmanager.yml",
-    ):
-        assert (ROOT / relative).resolve() in mounted & generated, relative
-    assert (ROOT / DASHBOARDS_DIR).resolve() in mounted
+
+
+@pytest.mark.parametrize("demo", [True, False], ids=["demo", "own-upstreams"])
+def test_init_writes_every_file_the_services_use(
+    services: dict[str, dict[str, Any]], demo: bool
+) -> None:
+    spec = load_spec().spec
+    upstreams = {} if demo else {r: f"https://{r}.llm.example.com" for r in spec.regions}
+    files = build_compose_config(
+        spec, "version: v1\n", ComposeOptions(demo=demo, upstreams=upstreams)
+    )
+    profiles = {"demo", "milvus"} if demo else set()
+    for name, service in services.items():
+        if service.get("profiles") and not profiles & set(service["profiles"]):
+            continue
+        for used in _config_files_used(service):
+            assert used in files, f"{name} uses /etc/redline/{used}, which init does not write"
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if source.startswith("./config/"):
+                assert source.removeprefix("./config/") in files, f"{name}: {source}"
+    assert files["../.env"].splitlines()[-1] == f"COMPOSE_PROFILES={','.join(sorted(profiles))}"
+
+
+def test_init_refuses_a_missing_or_unknown_upstream() -> None:
+    spec = load_spec().spec
+    with pytest.raises(ComposeConfigError, match="--upstream secondary=URL"):
+        build_upstreams(spec, ComposeOptions(upstreams={"primary": "http://a"}))
+    with pytest.raises(ComposeConfigError, match="not a region of the spec"):
+        build_upstreams(spec, ComposeOptions(upstreams={"mars": "http://a"}))
+
+
+NOT_SETTINGS = {"prometheus.yml", "alertmanager.yml", "redline.rules.yml"}
+SETTINGS_CLASSES: dict[str, type[ServiceSettings]] = {
+    "gateway.yml": GatewaySettings,
+    "exporters.yml": ExporterSettings,
+    "remediation.yml": RemediationSettings,
+    "index.yml": IndexSettings,
+    "sessions.yml": SessionSettings,
+    "loadgen.yml": LoadgenSettings,
+    "simulator-primary.yml": SimulatorSettings,
+    "simulator-secondary.yml": SimulatorSettings,
+}
+
+
+def test_every_settings_file_init_writes_is_valid_for_its_service(tmp_path: Path) -> None:
+    files = build_compose_config(load_spec().spec, "version: v1\n", ComposeOptions(demo=True))
+    settings_files = {n for n in files if n.endswith(".yml") and n not in NOT_SETTINGS}
+    assert settings_files == set(SETTINGS_CLASSES)
+    for name, cls in SETTINGS_CLASSES.items():
+        path = tmp_path / name
+        path.write_text(files[name], "utf-8")
+        settings = load_settings(cls, path)
+        assert settings.host == "0.0.0.0" or name in {"index.yml", "sessions.yml", "loadgen.yml"}
+    remediation = yaml.safe_load(files["remediation.yml"])
+    assert remediation["workers"] >= 2 and remediation["token_file"] == TOKEN_PATH
 
 
 def test_every_image_is_pinned(services: dict[str, dict[str, Any]]) -> None:
@@ -115,15 +184,41 @@ def test_host_ports_do_not_collide(services: dict[str, dict[str, Any]]) -> None:
     assert {"3000", "9090", "9093", "10904"} <= set(seen)
 
 
+def test_the_ports_redline_configures_are_the_ports_the_services_listen_on(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, port in SERVICE_PORTS.items():
+        service = services[name]
+        published = {str(m).rsplit(":", 1)[1] for m in service.get("ports", [])}
+        words = " ".join(map(str, service.get("command", [])))
+        assert str(port) in published or f":{port}" in words, f"{name} does not listen on {port}"
+
+
+def test_every_container_reading_a_secret_is_in_the_secrets_group(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    """Compose bind-mounts file secrets with their host owner and mode: a container user reads
+    them through the group `redline compose init` gives them."""
+    dockerfile = (COMPOSE / "Dockerfile").read_text("utf-8")
+    assert f"--gid {SECRETS_GID}" in dockerfile and "USER redline" in dockerfile
+    for name, service in services.items():
+        if not service.get("secrets"):
+            continue
+        redline = service["image"].startswith("redline:")
+        assert redline or str(SECRETS_GID) in service.get("group_add", []), name
+
+
 def test_alertmanagers_form_a_cluster(services: dict[str, dict[str, Any]]) -> None:
     for name in ("alertmanager-1", "alertmanager-2"):
         peers = {f for f in services[name]["command"] if f.startswith("--cluster.peer=")}
         assert peers == {"--cluster.peer=alertmanager-1:9094", "--cluster.peer=alertmanager-2:9094"}
-    config = yaml.safe_load((ROOT / COMPOSE_DIR / "alertmanager.yml").read_text("utf-8"))
+    files = build_compose_config(load_spec().spec, "", ComposeOptions(demo=True))
+    config = yaml.safe_load(files["alertmanager.yml"])
     webhook = config["receivers"][0]["webhook_configs"][0]
     assert webhook["url"].startswith("http://remediation:9095/")
     token = webhook["http_config"]["authorization"]["credentials_file"]
-    assert "--token-file=" + token in services["remediation"]["command"]
+    assert token == yaml.safe_load(files["remediation.yml"])["token_file"]
+    assert "webhook-token" in services["remediation"]["secrets"]
 
 
 def _service_port(services: dict[str, dict[str, Any]], host: str, port: str) -> None:
@@ -150,8 +245,3 @@ def test_scrape_targets_and_datasources_are_compose_services(
     )["providers"][0]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"]}
     assert _host_path(mounts[provider["options"]["path"]]) == (ROOT / DASHBOARDS_DIR).resolve()
-
-
-def test_exporter_settings_file_is_valid() -> None:
-    settings = load_exporter_settings(COMPOSE / "redline" / "exporters.yml")
-    assert settings.port == 9109 and settings.redis_url == "redis://redis:6379/0"
