@@ -170,8 +170,10 @@ class SpotAgentSettings(ServiceSettings):
 
     node: str | None = Field(
         None,
-        pattern=r"^[a-z][a-z0-9-]*$",
-        description="The node: the name of its upstream at the gateways (required).",
+        # A DNS-1123 subdomain: a Kubernetes node's name (EKS: ip-10-0-1-2.ec2.internal).
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The node (required): its name at the gateways' /admin/spot when they list "
+        "nodes as upstreams, and its Kubernetes node name on a cluster.",
     )
     provider: Literal["aws", "gcp", "manual"] = Field(
         "aws", description="Notice source: AWS IMDSv2, GCP metadata, or manual triggers only."

@@ -11,6 +11,13 @@ from rich.console import Console
 from redline.cli import sources as sources_cli
 from redline.cli.common import RegionsOpt, err, fail
 from redline.cli.lazy import LazyGroup
+from redline.generate.kubernetes import (
+    DEFAULT_IMAGE,
+    DEFAULT_NAMESPACE,
+    KubernetesBuildError,
+    KubernetesOptions,
+    build_kubernetes_outputs,
+)
 from redline.generate.outputs import RULES_DIR, build_outputs, diff_outputs, write_outputs
 from redline.generate.toolcheck import ToolMissingError, run_checks
 from redline.rules.alertmanager import used_playbooks
@@ -97,9 +104,112 @@ def generate(
         bool, typer.Option("--check", help="Write nothing; exit 1 if the files on disk differ.")
     ] = False,
     profile: ProfileOpt = None,
+    kubernetes: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubernetes",
+            help="Write (or --check) only the Kubernetes manifests and kustomization.yaml, "
+            "into this directory, with the options below.",
+            show_default=False,
+        ),
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help=f"Image of the redline pods (default {DEFAULT_IMAGE})."),
+    ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", help=f"Namespace (default {DEFAULT_NAMESPACE})."),
+    ] = None,
+    serving_namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--serving-namespace",
+            help="Namespace of the serving Services (llm-<region>) and Milvus "
+            "(default: --namespace's).",
+        ),
+    ] = None,
+    spot_provider: Annotated[
+        str | None,
+        typer.Option("--spot-provider", help="aws or gcp: the spot agent's notices (default aws)."),
+    ] = None,
+    spot_node_label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--spot-node-label",
+            help="KEY=VALUE marking spot nodes, repeatable (any one matches) "
+            "(default: the provider's usual labels).",
+        ),
+    ] = None,
 ) -> None:
-    """Write rules, promtool tests, alertmanager.yml and the PrometheusRule from the spec."""
+    """Write rules, promtool tests, alertmanager.yml, the PrometheusRule, dashboards and the
+    Kubernetes manifests (deploy/kubernetes) from the spec."""
+    k8s_flags = (image, namespace, serving_namespace, spot_provider, spot_node_label)
+    if kubernetes is None and any(flag is not None for flag in k8s_flags):
+        raise fail(
+            "--image, --namespace, --serving-namespace, --spot-provider and --spot-node-label "
+            "need --kubernetes DIR (deploy/kubernetes always has the defaults)"
+        )
+    if kubernetes is not None:
+        _generate_kubernetes(
+            spec, profile, kubernetes, check, image, namespace, serving_namespace, spot_provider,
+            spot_node_label or [],
+        )  # fmt: skip
+        return
     _, outputs = _generated(spec, profile)
+    _write_or_check(out, outputs, check)
+
+
+def _kubernetes_options(
+    image: str | None,
+    namespace: str | None,
+    serving_namespace: str | None,
+    spot_provider: str | None,
+    spot_node_labels: list[str],
+) -> KubernetesOptions:
+    labels = []
+    for item in spot_node_labels:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise fail(f"--spot-node-label {item!r}: expected KEY=VALUE")
+        labels.append((key, value))
+    if spot_provider not in (None, "aws", "gcp"):
+        raise fail(f"--spot-provider {spot_provider!r}: expected aws or gcp")
+    return KubernetesOptions(
+        namespace=namespace or DEFAULT_NAMESPACE,
+        image=image or DEFAULT_IMAGE,
+        spot_provider="gcp" if spot_provider == "gcp" else "aws",
+        spot_node_labels=tuple(labels),
+        serving_namespace=serving_namespace,
+    )
+
+
+def _generate_kubernetes(
+    spec_path: Path | None,
+    profile: str | None,
+    directory: Path,
+    check: bool,
+    image: str | None,
+    namespace: str | None,
+    serving_namespace: str | None,
+    spot_provider: str | None,
+    spot_node_labels: list[str],
+) -> None:
+    options = _kubernetes_options(
+        image, namespace, serving_namespace, spot_provider, spot_node_labels
+    )
+    loaded = load_or_exit(spec_path)
+    try:
+        spec = apply_profile(loaded.spec, profile)
+        outputs = build_kubernetes_outputs(spec, source_name(loaded), options, Path("."))
+    except SpecError as exc:
+        raise fail("\n".join(f"{loaded.source}: {line}" for line in exc.problems)) from None
+    except KubernetesBuildError as exc:
+        raise fail(str(exc)) from None
+    _write_or_check(directory, outputs, check)
+
+
+def _write_or_check(out: Path, outputs: dict[Path, str], check: bool) -> None:
     if check:
         diffs = diff_outputs(out, outputs)
         for path, diff in diffs.items():

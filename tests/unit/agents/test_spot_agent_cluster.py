@@ -112,3 +112,14 @@ def test_the_cli_refuses_to_start_naming_the_field(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli_app, ["spot-agent", "run", "--config", str(config)])
     assert result.exit_code == 2
     assert "kubernetes.namespace: required" in result.output
+
+
+@pytest.mark.parametrize("node", ["ip-10-0-1-2.ec2.internal", "gke-pool-1-abcd", "spot-a"])
+def test_a_kubernetes_node_name_is_a_node(node: str) -> None:
+    assert SpotAgentSettings(node=node).node == node
+
+
+@pytest.mark.parametrize("node", ["Spot_A", "-spot", "spot.", "a b"])
+def test_a_name_kubernetes_would_refuse_is_refused(node: str) -> None:
+    with pytest.raises(ValueError, match="pattern"):
+        SpotAgentSettings(node=node)
