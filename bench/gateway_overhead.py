@@ -1,9 +1,14 @@
 """Gateway overhead: latency added by `redline gateway` over calling the upstream directly.
 
-Starts one real redis-server, one `redline simulate upstream` and one `redline gateway` in front
-of it (separate processes, loopback), then alternates identical requests straight to the
-simulator and through the gateway from one keep-alive client, so both see the same machine state.
-Prints p50/p99 per mode, the added milliseconds and the ratio. Target: <= 2 ms added at p50.
+Starts one real redis-server, one `redline simulate upstream` and two `redline gateway`s in
+front of it (separate processes, loopback): one with tracing off, one with tracing on (every
+request sampled, spans exported over OTLP/HTTP protobuf to a small sink in this process that
+answers 200). Then it rotates identical requests straight to the simulator and through each
+gateway from one keep-alive client, so every side sees the same machine state. Prints p50/p99
+per mode and side, the added milliseconds and the ratio, and each gateway's CPU per request
+(/proc/<pid>/stat utime + stime). Targets: <= 2 ms added at p50 (tracing off); tracing on at
+<= 1.3x the CPU per request of tracing off. Both run the spec's circuit breakers; a third
+gateway with them off (REDLINE_BREAKERS='{"enabled": false}') shows what the breakers cost.
 
 Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
 """
@@ -15,8 +20,12 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -24,6 +33,7 @@ import httpx
 from redline.devstack.processes import Service, free_port, http_ok, start_redis, start_service
 
 TARGET_ADDED_P50_MS = 2.0
+TARGET_TRACING_CPU_RATIO = 1.3
 
 
 def _start(name: str, argv: list[str], log: Path, port: int) -> Service:
@@ -51,24 +61,53 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class _Sink(BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver that reads each export and answers 200 (an empty response)."""
+
+    spans_bytes = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server handler name
+        """Read one export body and accept it."""
+        length = int(self.headers.get("content-length") or 0)
+        _Sink.spans_bytes += len(self.rfile.read(length))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        """Quiet: one line per export would drown the table."""
+
+
+@contextmanager
+def otlp_sink() -> Iterator[str]:
+    """A local OTLP/HTTP endpoint for the traced gateway's spans; yields its traces URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+    thread = threading.Thread(target=server.serve_forever, name="otlp-sink", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @dataclass
 class Run:
-    """One mode's latencies and the CPU each process spent on it."""
+    """One mode's latencies per side and the CPU each process spent on it."""
 
     mode: str
-    direct: list[float]
-    proxied: list[float]
-    gateway_cpu: float | None
-    simulator_cpu: float | None
+    times: dict[str, list[float]]
+    cpu: dict[str, float | None]
+    """CPU seconds per side's process ("direct": the simulator, which serves every side)."""
 
 
 def _measure(
     client: httpx.Client,
     requests: int,
-    direct: str,
-    proxied: str,
+    urls: Mapping[str, str],
     stream: bool,
-    pids: tuple[int, int],
+    pids: Mapping[str, int],
 ) -> Run:
     body = {
         "model": "redline-base",
@@ -86,21 +125,27 @@ def _measure(
             raise RuntimeError(f"{url}: HTTP {response.status_code}: {response.text[:200]}")
         return elapsed
 
+    sides = list(urls)
     for _ in range(200):  # warm-up: connections, caches, the gateway's label children
-        once(direct)
-        once(proxied)
-    direct_times: list[float] = []
-    proxied_times: list[float] = []
-    before = [_cpu_seconds(pid) for pid in pids]
+        for side in sides:
+            once(urls[side])
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    before = {side: _cpu_seconds(pid) for side, pid in pids.items()}
     for index in range(requests):
-        # Alternate which goes first so neither side always follows the other.
-        pair: list[tuple[list[float], str]] = [(direct_times, direct), (proxied_times, proxied)]
-        for times, url in pair if index % 2 == 0 else reversed(pair):
-            times.append(once(url))
-    after = [_cpu_seconds(pid) for pid in pids]
-    cpu = [None if b is None or a is None else a - b for b, a in zip(before, after, strict=True)]
-    mode = "stream" if stream else "json"
-    return Run(mode, direct_times, proxied_times, cpu[1], cpu[0])
+        # Rotate which goes first so no side always follows the same one.
+        shift = index % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            times[side].append(once(urls[side]))
+    after = {side: _cpu_seconds(pid) for side, pid in pids.items()}
+    cpu: dict[str, float | None] = {}
+    for side in pids:
+        b, a = before[side], after[side]
+        cpu[side] = None if b is None or a is None else a - b
+    return Run("stream" if stream else "json", times, cpu)
+
+
+def _without_otel(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if not k.startswith("OTEL_")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,12 +153,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="requests per mode and side")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="redline-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="redline-bench-") as tmp, otlp_sink() as sink:
         root = Path(tmp)
         redis = start_redis(root / "redis")
-        sim_port, gw_port = free_port(), free_port()
-        sim_url, gw_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{gw_port}"
+        sim_port = free_port()
+        sim_url = f"http://127.0.0.1:{sim_port}"
+        plain = _without_otel(os.environ)
+        traced = {
+            **plain,
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink,
+            "OTEL_TRACES_SAMPLER": "always_on",  # 100 %, whatever the client sends
+            "OTEL_SERVICE_NAME": "redline-gateway-bench",
+        }
         processes: list[Service] = []
+        urls = {"direct": f"{sim_url}/v1/chat/completions"}
+        pids: dict[str, int] = {}
         try:
             processes.append(
                 _start(
@@ -123,73 +177,99 @@ def main(argv: list[str] | None = None) -> None:
                     sim_port,
                 )
             )
-            processes.append(
-                _start(
+            pids["direct"] = processes[-1].process.pid
+            # Breakers on (the spec's default) in both sides above; a third gateway runs with
+            # them off, so their cost is the difference of "tracing off" and "breakers off".
+            unbroken = {**plain, "REDLINE_BREAKERS": '{"enabled": false}'}
+            sides = (("tracing off", plain), ("tracing on", traced), ("breakers off", unbroken))
+            for side, env in sides:
+                port = free_port()
+                name = "gateway-" + side.replace(" ", "-")
+                argv = redline(
                     "gateway",
-                    redline(
-                        "gateway",
-                        "--port",
-                        str(gw_port),
-                        "--redis-url",
-                        redis.extra["url"],
-                        "--upstream",
-                        f"primary={sim_url}",
-                    ),
-                    root / "gateway.log",
-                    gw_port,
+                    "--port",
+                    str(port),
+                    "--redis-url",
+                    redis.extra["url"],
+                    "--upstream",
+                    f"primary={sim_url}",
                 )
-            )
+                ready = http_ok(f"http://127.0.0.1:{port}/healthz", timeout=0.5)
+                processes.append(
+                    start_service(name, argv, root / f"{name}.log", port, ready, 20, env=env)
+                )
+                urls[side] = f"http://127.0.0.1:{port}/v1/chat/completions"
+                pids[side] = processes[-1].process.pid
             runs = []
-            pids = (processes[0].process.pid, processes[1].process.pid)
             with httpx.Client(timeout=10.0, trust_env=False) as client:
                 for stream in (False, True):
-                    runs.append(
-                        _measure(
-                            client,
-                            args.requests,
-                            f"{sim_url}/v1/chat/completions",
-                            f"{gw_url}/v1/chat/completions",
-                            stream,
-                            pids,
-                        )
-                    )
+                    runs.append(_measure(client, args.requests, urls, stream, pids))
         finally:
             for process in processes:
                 process.stop()
             redis.stop()
+    _report(args.requests, runs, _Sink.spans_bytes)
 
-    print(f"gateway overhead, {args.requests} requests per side and mode, one keep-alive client")
+
+def _report(requests: int, runs: list[Run], exported: int) -> None:
+    print(f"gateway overhead, {requests} requests per side and mode, one keep-alive client")
     header = (
-        f"{'mode':<7}{'quantile':>9}{'direct ms':>11}{'gateway ms':>12}{'added ms':>10}{'ratio':>8}"
+        f"{'mode':<7}{'side':<13}{'quantile':>9}{'direct ms':>11}{'gateway ms':>12}"
+        f"{'added ms':>10}{'ratio':>8}"
     )
     print(header)
     print("-" * len(header))
     verdicts = []
     for run in runs:
-        mode, direct, proxied = run.mode, run.direct, run.proxied
-        for name, q in (("p50", 0.5), ("p99", 0.99)):
-            d, p = _quantile(direct, q) * 1000, _quantile(proxied, q) * 1000
-            print(f"{mode:<7}{name:>9}{d:>11.3f}{p:>12.3f}{p - d:>10.3f}{p / d:>7.2f}x")
-            if name == "p50":
-                verdicts.append((mode, p - d))
-        mean_added = (statistics.fmean(proxied) - statistics.fmean(direct)) * 1000
-        print(f"{mode:<7}{'mean':>9}{'':>11}{'':>12}{mean_added:>10.3f}")
-    print("CPU per request (load-independent view of the cost; simulator serves both sides):")
+        direct = run.times["direct"]
+        for side, proxied in run.times.items():
+            if side == "direct":
+                continue
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                d, p = _quantile(direct, q) * 1000, _quantile(proxied, q) * 1000
+                print(
+                    f"{run.mode:<7}{side:<13}{name:>9}{d:>11.3f}{p:>12.3f}{p - d:>10.3f}"
+                    f"{p / d:>7.2f}x"
+                )
+                if name == "p50" and side == "tracing off":
+                    verdicts.append((run.mode, p - d))
+            mean_added = (statistics.fmean(proxied) - statistics.fmean(direct)) * 1000
+            print(f"{run.mode:<7}{side:<13}{'mean':>9}{'':>11}{'':>12}{mean_added:>10.3f}")
+    print("CPU per request (load-independent view of the cost; simulator serves every side):")
+    ratios = []
     for run in runs:
-        if run.gateway_cpu is None or run.simulator_cpu is None:
+        if any(cpu is None for cpu in run.cpu.values()):
             print(f"{run.mode}: CPU times unavailable on this platform")
             continue
-        gateway_ms = run.gateway_cpu / len(run.proxied) * 1000
-        simulator_ms = run.simulator_cpu / (len(run.direct) + len(run.proxied)) * 1000
-        print(
-            f"{run.mode}: gateway {gateway_ms:.3f} ms per proxied request, simulator "
-            f"{simulator_ms:.3f} ms per request ({gateway_ms / simulator_ms:.2f}x)"
-        )
+        served = sum(len(times) for times in run.times.values())
+        simulator_ms = (run.cpu["direct"] or 0.0) / served * 1000
+        per = {
+            side: (cpu or 0.0) / len(run.times[side]) * 1000
+            for side, cpu in run.cpu.items()
+            if side != "direct"
+        }
+        shown = ", ".join(f"{side} {ms:.3f} ms" for side, ms in per.items())
+        print(f"{run.mode}: gateway {shown} per request; simulator {simulator_ms:.3f} ms")
+        if "tracing on" in per and per.get("tracing off"):
+            ratios.append((run.mode, per["tracing on"] / per["tracing off"]))
+        if per.get("breakers off") and "tracing off" in per:
+            added = per["tracing off"] - per["breakers off"]
+            print(
+                f"{run.mode}: circuit breakers add {added * 1000:.1f} us of gateway CPU per "
+                f"request ({per['tracing off'] / per['breakers off']:.2f}x breakers off)"
+            )
+    print(f"spans exported to the sink: {exported / 1024:.0f} KiB of OTLP protobuf")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"1-minute load average at the end: {load:.2f} on {os.cpu_count()} CPUs")
     for mode, added in verdicts:
         ok = "meets" if added <= TARGET_ADDED_P50_MS else "MISSES"
         print(f"{mode}: {added:.3f} ms added at p50 {ok} the {TARGET_ADDED_P50_MS:g} ms target")
+    for mode, ratio in ratios:
+        ok = "meets" if ratio <= TARGET_TRACING_CPU_RATIO else "MISSES"
+        print(
+            f"{mode}: tracing on costs {ratio:.2f}x the gateway CPU per request of tracing off, "
+            f"{ok} the {TARGET_TRACING_CPU_RATIO:g}x target"
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redline.rules.families import (
+    breakers,
     drift,
     guards,
     recordings,
@@ -64,6 +65,7 @@ FAMILIES = (
     Family("slo", slo.build_rules, slo.build_tests),
     Family("drift", drift.build_rules, drift.build_tests),
     Family("spot", spot.build_rules, spot.build_tests),
+    Family("breakers", breakers.build_rules, breakers.build_tests),
     Family("remediation", remediation.build_rules, remediation.build_tests),
     Family("guards", guards.build_rules, guards.build_tests),
 )

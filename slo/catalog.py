@@ -137,6 +137,19 @@ LLM_GATEWAY_UPSTREAM_HEALTHY = Metric(
     "1 unless the region failed repeatedly and is being tried last.",
     (LABEL_REGION,),
 )
+LLM_GATEWAY_BREAKER_STATE = Metric(
+    "llm_gateway_breaker_state",
+    "gauge",
+    "1 for the current state of the region's circuit breaker (closed, open, half_open), 0 for "
+    "the others.",
+    (LABEL_REGION, "state"),
+)
+LLM_GATEWAY_BREAKER_TRANSITIONS_TOTAL = Metric(
+    "llm_gateway_breaker_transitions_total",
+    "counter",
+    "Changes of the region's circuit breaker state, from one state to another.",
+    (LABEL_REGION, "from", "to"),
+)
 LLM_GATEWAY_ROUTING_STORE_UP = Metric(
     "llm_gateway_routing_store_up",
     "gauge",

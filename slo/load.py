@@ -379,4 +379,18 @@ def apply_profile(spec: Spec, profile: str | None) -> Spec:
             }
         )
         update["rollback"] = spec.rollback.model_copy(update={"for_seconds": for_seconds})
+    breakers = {
+        field: changes[f"breaker_{field}"]
+        for field in ("window", "open_for")
+        if changes.get(f"breaker_{field}") is not None
+    }
+    if breakers:
+        # Validated again: the profile's window must pass the same checks as the spec's.
+        try:
+            update["breakers"] = type(spec.breakers).model_validate(
+                {**spec.breakers.model_dump(), **breakers}
+            )
+        except ValidationError as exc:
+            problems = [f"profiles.{profile}: {e['msg']}" for e in exc.errors()]
+            raise SpecError(problems) from None
     return spec.model_copy(update=update)

@@ -11,6 +11,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -371,6 +372,10 @@ class TimingOverride(_Model):
         description="Overrides `red_lines.latency_p99.window` (a short window lets a drill's "
         "P99 alert resolve in seconds once the slow requests leave it).",
     )
+    breaker_window: Duration | None = Field(
+        None, description="Overrides `breakers.window` (the breaker drill opens in seconds)."
+    )
+    breaker_open_for: Duration | None = Field(None, description="Overrides `breakers.open_for`.")
 
 
 SpotProvider = Literal["aws", "gcp"]
@@ -676,6 +681,70 @@ class Escalation(_Model):
         return self
 
 
+class Breakers(_Model):
+    """Per-region circuit breakers in redline's gateway (design notes 4.1).
+
+    A region's breaker opens when, over the sliding `window`, with at least `min_requests`
+    attempts, the share of failed attempts (connect errors, 5xx, timeouts, first-byte budget)
+    exceeds `error_rate` or their P99 latency exceeds `p99_seconds`; while open the region is
+    skipped (tried only when no other region is left); after `open_for` up to
+    `half_open_probes` attempts probe it: all succeed -> closed, one fails -> open again.
+    """
+
+    enabled: bool = Field(True, description="Whether the gateway runs the breakers at all.")
+    error_rate: float = Field(
+        0.15, gt=0, lt=1, description="Open above this share of failed attempts in the window."
+    )
+    window: Duration = Field("60s", description="Sliding window of the error rate and the P99.")
+    p99_seconds: PositiveFloat = Field(
+        3.0, description="Open when the window's P99 attempt latency exceeds this."
+    )
+    min_requests: PositiveInt = Field(
+        20, description="Attempts the window must hold before either condition can open it."
+    )
+    open_for: Duration = Field("30s", description="How long an open breaker skips its region.")
+    half_open_probes: int = Field(
+        3, ge=1, le=100, description="Probe attempts let through when half-open; all must pass."
+    )
+    alert_after: Duration = Field(
+        "5m", description="GatewayBreakerOpen fires when a breaker has not closed for this long."
+    )
+
+    @field_validator("window", "open_for", "alert_after")
+    @classmethod
+    def _at_least_a_second(cls, value: str, info: ValidationInfo) -> str:
+        seconds = parse_duration(value)
+        if seconds < 1:
+            raise ValueError(f"{info.field_name} must be at least 1s (got {value})")
+        if info.field_name == "window" and seconds > 3600:
+            raise ValueError(f"window must be at most 1h (got {value}): the breaker reacts late")
+        return value
+
+
+DEFAULT_TRACE_URL = "http://localhost:16686/trace/${__value.raw}"
+
+
+class Tracing(_Model):
+    """Where a trace id leads: the exemplar links of the latency panels (Grafana)."""
+
+    trace_url_template: str = Field(
+        DEFAULT_TRACE_URL,
+        pattern=r"^https?://",
+        description="URL of one trace in the trace backend (Jaeger, Tempo); Grafana replaces "
+        "${__value.raw} with the exemplar's trace_id.",
+    )
+
+    @field_validator("trace_url_template")
+    @classmethod
+    def _names_the_trace_id(cls, value: str) -> str:
+        if "${__value.raw}" not in value:
+            raise ValueError(
+                "trace_url_template must contain ${__value.raw} (where the trace id goes), "
+                f"e.g. {DEFAULT_TRACE_URL}"
+            )
+        return value
+
+
 class Spec(_Model):
     """The whole spec file."""
 
@@ -702,10 +771,16 @@ class Spec(_Model):
     remediation: Remediation = Field(
         default_factory=Remediation, description="Per-playbook mode, budget, breaker, deadline."
     )
+    breakers: Breakers = Field(
+        default_factory=Breakers, description="Per-region circuit breakers in the gateway."
+    )
     escalation: Escalation | None = Field(
         None,
         description="Human receivers (Slack, PagerDuty, e-mail, webhook) by severity; without it "
         "every alert goes to the remediation receiver only.",
+    )
+    tracing: Tracing = Field(
+        default_factory=Tracing, description="The trace backend the exemplar links open."
     )
 
     @field_validator("regions")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from grafanalib.core import Dashboard
+from typing import Any
+
+from grafanalib.core import Dashboard, Target, TimeSeries
 
 from redline.dashboards.panels import (
     ANY_EVENT,
+    DATASOURCE,
     AnnotationDef,
     DashboardDef,
     PanelDef,
     Query,
     Section,
+    Step,
     alert_and_remediation_annotations,
     alert_runbook,
     assemble,
@@ -93,6 +97,66 @@ def _latency(spec: Spec) -> Section:
     return Section(f"Latency {quantile}{reroute}", tuple(panels))
 
 
+BREAKER_STATES = (
+    {
+        "type": "value",
+        "options": {
+            "0": {"text": "closed", "color": "green", "index": 0},
+            "1": {"text": "half-open", "color": "yellow", "index": 1},
+            "2": {"text": "open", "color": "red", "index": 2},
+        },
+    },
+)
+"""The breaker panel's encoding: 0 closed, 1 half-open (probing), 2 open."""
+
+
+def _breakers(spec: Spec) -> Section:
+    """Each region's circuit breaker in the gateway (closed, half-open, open) and its
+    transitions: an open breaker is why a region gets no traffic without a routing override."""
+    book = alert_runbook(spec, "GatewayBreakerOpen")
+    state = catalog.LLM_GATEWAY_BREAKER_STATE
+    matcher = region_matcher()
+    # max over the gateways: a region is shown open when any gateway skips it.
+    encoded = (
+        f'2 * max by (region) ({state}{{{matcher},state="open"}})\n'
+        f'+ on (region) max by (region) ({state}{{{matcher},state="half_open"}})'
+    )
+    opened = (
+        f"sum by (region) (increase({catalog.LLM_GATEWAY_BREAKER_TRANSITIONS_TOTAL}"
+        f'{{{matcher},to="open"}}[$__range]))'
+    )
+    breakers = spec.breakers
+    description = (
+        f"Open above {breakers.error_rate:.0%} failed attempts or a P99 over "
+        f"{number(breakers.p99_seconds)} s in {breakers.window} (at least "
+        f"{breakers.min_requests} attempts); half-open after {breakers.open_for}."
+    )
+    return Section(
+        "Circuit breakers",
+        (
+            PanelDef(
+                "state",
+                "Breaker state by region",
+                (Query(encoded, "{{region}}"),),
+                book,
+                steps=(Step("green", None), Step("yellow", 1), Step("red", 2)),
+                width=18,
+                description=description,
+                mappings=BREAKER_STATES,
+            ),
+            PanelDef(
+                "stat",
+                "Breaker openings (range)",
+                (Query(opened, "{{region}}"),),
+                book,
+                "short",
+                bad_above(ANY_EVENT),
+                width=6,
+            ),
+        ),
+    )
+
+
 def _keepalive(spec: Spec) -> Section:
     keep = spec.red_lines.context_keepalive
     book = alert_runbook(spec, "RedLineContextKeepalive")
@@ -173,12 +237,62 @@ def build_red_lines_definition(spec: Spec) -> DashboardDef:
             "staleness. Red marks are critical alerts, purple marks playbook runs."
             + source_description(spec, reroute_left_out(spec))
         ),
-        sections=(_latency(spec), _keepalive(spec), _index(spec)),
+        sections=(
+            _latency(spec),
+            # Breakers live in redline's gateway: without it in the path there are none.
+            *((_breakers(spec),) if spec.breakers.enabled and not reroute_left_out(spec) else ()),
+            _keepalive(spec),
+            _index(spec),
+        ),
         annotations=red_line_annotations(),
         variables=("region",),
     )
 
 
+class ExemplarTarget(Target):  # type: ignore[misc]
+    """A Prometheus target whose exemplars Grafana draws (grafanalib has no such field)."""
+
+    def to_json_data(self) -> dict[str, Any]:
+        """The target's JSON with `exemplar: true`."""
+        data: dict[str, Any] = super().to_json_data()
+        data["exemplar"] = True
+        return data
+
+
+def exemplar_query(spec: Spec) -> str:
+    """The latency quantile over the gateway's raw histogram buckets: exemplars (trace ids) live
+    on raw series, never on recorded ones."""
+    quantile = number(spec.red_lines.latency_p99.quantile)
+    buckets = catalog.LLM_REQUEST_DURATION_SECONDS.bucket
+    return (
+        f"histogram_quantile({quantile}, sum by (le, region) "
+        f"(rate({buckets}{{{region_matcher()}}}[$__rate_interval])))"
+    )
+
+
+def _add_exemplars(spec: Spec, dashboard: Dashboard) -> None:
+    """Give the P99-by-region graph a target with exemplars, each a link to its trace (the
+    data source's exemplarTraceIdDestinations: the spec's tracing.trace_url_template)."""
+    quantile = f"P{number(spec.red_lines.latency_p99.quantile * 100)}"
+    for panel in dashboard.panels:
+        if isinstance(panel, TimeSeries) and panel.title.startswith(quantile):
+            refid = chr(ord("A") + len(panel.targets))
+            legend = "{{region}} raw buckets (exemplars: traces)"
+            panel.targets.append(
+                ExemplarTarget(
+                    expr=exemplar_query(spec),
+                    legendFormat=legend,
+                    refId=refid,
+                    datasource=DATASOURCE,
+                )
+            )
+            return
+
+
 def build_red_lines_dashboard(spec: Spec) -> Dashboard:
-    """The red-lines dashboard."""
-    return assemble(spec, build_red_lines_definition(spec))
+    """The red-lines dashboard; with redline's gateway as the source, its P99 graph shows the
+    requests' trace ids as exemplars."""
+    dashboard = assemble(spec, build_red_lines_definition(spec))
+    if measures_reroute(spec):
+        _add_exemplars(spec, dashboard)
+    return dashboard

@@ -1,4 +1,5 @@
-"""`redline gateway` and `redline simulate upstream`: the serving-side long-running commands."""
+"""`redline gateway`, `redline simulate upstream` and `redline simulate traces`: the
+serving-side long-running commands."""
 
 from __future__ import annotations
 
@@ -136,10 +137,39 @@ def gateway(
     serve(app, settings, listen, banner)
 
 
+@simulate_app.command("traces")
+def simulate_traces(
+    host: HostOpt = None,
+    port: PortOpt = None,
+    max_traces: Annotated[
+        int | None, typer.Option("--max-traces", help="Traces kept (least recently written go).")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Serve a trace backend: OTLP/HTTP at /v1/traces, spans read back at /api/traces/{id}."""
+    # Imported here: protobuf and the OTLP messages are only needed by this command.
+    from redline.devstack.tracestore import (
+        DEFAULT_TRACE_STORE_PORT,
+        TraceStoreSettings,
+        banner,
+        build_trace_store_app,
+    )
+
+    try:
+        settings = load_settings(
+            TraceStoreSettings, config, host=host, port=port, max_traces=max_traces
+        )
+    except SettingsError as exc:
+        raise fail(str(exc)) from None
+    listen = settings.port or DEFAULT_TRACE_STORE_PORT
+    serve(build_trace_store_app(settings), settings, listen, banner(settings, listen))
+
+
 simulate_app.command("metadata")(simulate_metadata)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `gateway`, `simulate upstream` and `simulate metadata` to the `redline` app."""
+    """Add `gateway`, `simulate upstream`, `simulate traces` and `simulate metadata` to the
+    `redline` app."""
     app.command("gateway")(gateway)
     app.add_typer(simulate_app, name="simulate")

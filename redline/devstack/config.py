@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from redline.devstack.layout import (
     INDEX_DIM,
     PRIMARY_INDEX,
     REPLICA_INDEX,
+    TRACE_STORE_PART,
     Endpoints,
     StackLayout,
     check_source,
@@ -47,6 +48,10 @@ from redline.slo.spec import Receiver, Sources, Spec
 
 SERVICE_MODULE = "redline.devstack.fakes.service"
 """Run with `python -m` as each region's service front."""
+TRACE_STORE_MODULE = "redline.devstack.tracestore"
+"""Run with `python -m` as the stack's trace backend."""
+GATEWAY_SERVICE_NAME = "redline-gateway"
+"""The gateway's OTEL_SERVICE_NAME (the `service` of its spans in the trace store)."""
 GATEWAY_ONLY_PLAYBOOKS = frozenset({"reroute"})
 """Playbooks that act through redline's gateway (its routing override): a stack without the
 gateway cannot run them, so its spec pages a human instead."""
@@ -239,6 +244,35 @@ def build_service_settings(region: str, endpoints: Endpoints) -> dict[str, Any]:
         "pods": endpoints.pod_urls(region),
         "eject_seconds": 2.0,
         "log_level": "warning",
+    }
+
+
+def build_trace_store_settings(endpoints: Endpoints) -> dict[str, Any]:
+    """Settings of the trace store (`redline.devstack.tracestore`): the last 2000 traces; at
+    the demo's load that is the last minute or so, which is what a test or a look at a P99
+    exemplar reads."""
+    return {
+        "host": endpoints.host,
+        "port": endpoints.ports[TRACE_STORE_PART],
+        "max_traces": 2000,
+        "max_spans_per_trace": 1000,
+        "max_body_bytes": 8 * 1024 * 1024,
+        "log_level": "warning",
+    }
+
+
+def build_tracing_env(endpoints: Endpoints, service_name: str) -> dict[str, str]:
+    """The standard OpenTelemetry environment of a part whose spans go to the trace store:
+    OTLP/HTTP protobuf to its /v1/traces, every trace sampled unless the caller's traceparent
+    says otherwise, and a short batch delay so a test finds a request's spans within a second
+    (the SDK's default waits 5 s)."""
+    return {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoints.otlp_traces_url,
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": service_name,
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
 
 
@@ -444,11 +478,13 @@ def build_loadgen_settings(
 
 @dataclass(frozen=True)
 class PartCommand:
-    """How a redline part is started: its argv and its settings file."""
+    """How a redline part is started: its argv, its settings file and the environment it gets
+    beyond the stack's own (the gateway's OTEL_* variables)."""
 
     part: str
     argv: tuple[str, ...]
     settings: dict[str, Any]
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def build_part_commands(
@@ -464,9 +500,11 @@ def build_part_commands(
     only where the source is redline's gateway."""
     cli = (python, "-m", "redline.cli")
 
-    def command(part: str, args: Sequence[str], settings: dict[str, Any]) -> PartCommand:
+    def command(
+        part: str, args: Sequence[str], settings: dict[str, Any], env: dict[str, str] | None = None
+    ) -> PartCommand:
         config = str(layout.settings_file(part))
-        return PartCommand(part, (*cli, *args, "--config", config), settings)
+        return PartCommand(part, (*cli, *args, "--config", config), settings, env or {})
 
     spec_args = ("--spec", str(spec_path)) if spec_path is not None else ()
     commands = [
@@ -488,12 +526,22 @@ def build_part_commands(
         )
         for region in endpoints.regions
     ]
+    # The trace store is a plain module too, started before the gateway that exports to it.
+    trace_settings = str(layout.settings_file(TRACE_STORE_PART))
+    commands.append(
+        PartCommand(
+            TRACE_STORE_PART,
+            (python, "-m", TRACE_STORE_MODULE, "--config", trace_settings),
+            build_trace_store_settings(endpoints),
+        )
+    )
     # Three workers in two processes: jobs keep flowing while one process restarts.
     receiver = build_remediation_settings(endpoints, layout, spec_path, workers=1)
     workers = build_remediation_settings(endpoints, layout, spec_path, workers=2)
     if endpoints.has_gateway:
         gateway = build_gateway_settings(endpoints, spec_path, layout.snapshots_dir)
-        commands.append(command(GATEWAY_PART, ("gateway",), gateway))
+        tracing = build_tracing_env(endpoints, GATEWAY_SERVICE_NAME)
+        commands.append(command(GATEWAY_PART, ("gateway",), gateway, tracing))
     commands += [
         command("remediation", ("remediation",), receiver),
         command("remediation-worker", ("remediation", "worker"), workers),

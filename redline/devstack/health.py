@@ -87,6 +87,12 @@ class _Checker:
             return answer.status_code == 200 and body["serving"] == len(pods), (
                 f"{body['serving']}/{len(pods)} pods in turn"
             )
+        if name == "trace-store":
+            answer = self.get(f"{url}/healthz")
+            body = answer.json()
+            return answer.status_code == 200, (
+                f"{body['traces']} traces, {body['spans']} spans (keeps {body['max_traces']})"
+            )
         if name == "gateway":
             return self.get(f"{url}/healthz").status_code == 200, "healthz 200"
         if name == "exporters":

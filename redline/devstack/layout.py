@@ -33,7 +33,11 @@ MARKER_FILE = ".redline-run"
 
 SERVICE_PARTS = ("redis", "milvus-primary", "milvus-replica", "prometheus", "alertmanager")
 """Parts that are external binaries, started by `redline.devstack.processes`."""
+TRACE_STORE_PART = "trace-store"
+"""The local stack's trace backend (`redline.devstack.tracestore`): the gateway exports its spans
+there over OTLP/HTTP; it starts before the gateway."""
 TAIL_PARTS = (
+    TRACE_STORE_PART,
     "gateway",
     "remediation",
     "remediation-worker",
@@ -44,7 +48,10 @@ TAIL_PARTS = (
     "exporters",
     "loadgen",
 )
-HTTP_PARTS = frozenset({"gateway", "remediation", "exporters"})
+HTTP_PARTS = frozenset({TRACE_STORE_PART, "gateway", "remediation", "exporters"})
+OPTIONAL_PARTS = frozenset({TRACE_STORE_PART})
+"""Ported parts a run may go without: a state file written before the part existed, or a stack
+standing in for the local one (the compose stack run as processes, whose Jaeger does not run)."""
 GATEWAY_PART = "gateway"
 GATEWAY_SOURCE = "redline-gateway"
 """The default stack: clients go through redline's gateway, whose series feed the rules."""
@@ -329,6 +336,23 @@ class Endpoints:
         return self.gateway_url if self.has_gateway else self.service_url(self.regions[0])
 
     @property
+    def has_trace_store(self) -> bool:
+        """True when this run has the trace store (every `redline up` since it was added)."""
+        return TRACE_STORE_PART in self.ports
+
+    @property
+    def trace_store_url(self) -> str:
+        """The trace store (its read API: /api/traces); StackConfigError in a run without one."""
+        if not self.has_trace_store:
+            raise StackConfigError("this run has no trace store")
+        return self._url(TRACE_STORE_PART)
+
+    @property
+    def otlp_traces_url(self) -> str:
+        """Where OTLP/HTTP exporters send spans (the trace store's /v1/traces)."""
+        return f"{self.trace_store_url}/v1/traces"
+
+    @property
     def exporters_url(self) -> str:
         """The exporter process."""
         return self._url("exporters")
@@ -379,7 +403,7 @@ def build_endpoints(
     check_source(source)
     check_pods(pods)
     parts = build_ported_parts(regions, prometheus_regions, source, pods)
-    missing = [part for part in parts if part not in ports]
+    missing = [part for part in parts if part not in ports and part not in OPTIONAL_PARTS]
     if missing:
         raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
     for part, port in ports.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from redline.devstack.errors import StackError
@@ -29,7 +29,12 @@ from redline.devstack.processes import (
 from redline.devstack.state import PartState, StackState, write_state
 
 Say = Callable[[str], None]
-READY_PATHS = {"gateway": "/healthz", "exporters": "/healthz", "remediation": "/readyz"}
+READY_PATHS = {
+    "gateway": "/healthz",
+    "exporters": "/healthz",
+    "remediation": "/readyz",
+    "trace-store": "/healthz",
+}
 LOG_MARKERS = {
     "replicator": "replicating",
     "session-replica": "session replica:",
@@ -101,9 +106,18 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def spawn_part(name: str, argv: Sequence[str], log: Path, port: int | None, host: str) -> PartState:
-    """Start a redline part detached (not waiting for it); its record for the state file."""
-    process = spawn(argv, log, child_env())
+def spawn_part(
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    port: int | None,
+    host: str,
+    env: Mapping[str, str] | None = None,
+) -> PartState:
+    """Start a redline part detached (not waiting for it), with `env` over `child_env()`; its
+    record for the state file (which keeps `env`, so a restart gets it again)."""
+    extra = dict(env or {})
+    process = spawn(argv, log, {**child_env(), **extra})
     return PartState(
         name=name,
         kind="redline",
@@ -113,6 +127,7 @@ def spawn_part(name: str, argv: Sequence[str], log: Path, port: int | None, host
         url=f"http://{host}:{port}" if port else None,
         log=str(log),
         argv=list(argv),
+        env=extra,
         started_at=time.time(),
     )
 
@@ -151,7 +166,7 @@ def restart_part(state: StackState, name: str, timeout: float = 60.0) -> PartSta
     if part_alive(part):
         stop_part(part)
     with InterruptGuard().hold():
-        process = spawn(part.argv, Path(part.log), child_env())
+        process = spawn(part.argv, Path(part.log), {**child_env(), **part.env})
         update = {"pid": process.pid, "start_ticks": process.start_ticks}
         fresh = part.model_copy(update={**update, "started_at": time.time()})
         state.parts[state.parts.index(part)] = fresh

@@ -267,7 +267,14 @@ class _Starter:
         if name == "redis":
             service = start_redis(workdir, port)
         elif name.startswith("prometheus"):
-            service = start_prometheus(workdir, self.layout.prometheus_config(name), port)
+            # Exemplar storage: the gateway's latency histogram carries trace ids (OpenMetrics
+            # scrape, which Prometheus asks for first), read back by the dashboards' P99 panel.
+            service = start_prometheus(
+                workdir,
+                self.layout.prometheus_config(name),
+                port,
+                extra_args=("--enable-feature=exemplar-storage",),
+            )
         elif name == "alertmanager":
             service = start_alertmanager(workdir, self.layout.alertmanager_file, port)
         else:
@@ -290,7 +297,7 @@ class _Starter:
         log = self.layout.log_file(command.part)
         port = endpoints.ports.get(command.part)
         with self.guard.hold():
-            part = spawn_part(command.part, command.argv, log, port, endpoints.host)
+            part = spawn_part(command.part, command.argv, log, port, endpoints.host, command.env)
             self.record(part)
         return part
 

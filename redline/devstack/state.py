@@ -45,6 +45,11 @@ class PartState(BaseModel):
     url: str | None = None
     log: str
     argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment the part got beyond the stack's own (the gateway's OTEL_*); "
+        "a restart passes it again.",
+    )
     started_at: float
 
 
@@ -160,6 +165,11 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
     else:
         serving = [("Clients send to (OpenAI API)", f"{e.client_url}/v1/chat/completions")]
         pod_extra = f"/metrics: {e.source}'s series, /admin/faults"
+    tracing = (
+        [("Trace store (OTLP/HTTP)", f"{e.trace_store_url}  (POST /v1/traces, GET /api/traces)")]
+        if e.has_trace_store
+        else []
+    )
     simulators: list[tuple[str, str]] = []
     for r in e.regions:
         simulators.append((f"Service {r} ({e.pods} pods, round robin)", e.service_url(r)))
@@ -174,6 +184,7 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
         ("Remediation receiver", f"{e.receiver_url}  (POST /alerts, GET /jobs)"),
         *serving,
         ("Exporters", f"{e.exporters_url}/metrics"),
+        *tracing,
         *simulators,
         ("Redis", e.redis_url),
         ("Milvus Lite primary", e.milvus_primary_uri),

@@ -29,11 +29,8 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    generate_latest,
-)
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, ValidationError
 
 from redline.core.created import apply_created_series
@@ -41,6 +38,7 @@ from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.proxy import Gateway, openai_error
 from redline.gateway.settings import GatewayConfigError, GatewaySettings
 from redline.gateway.spot import SpotDrainRequest, SpotReleaseRequest
+from redline.gateway.tracing import GatewayTracing, TracingConfigError
 from redline.platform.spot import AdminAuth, AdminRefusal
 from redline.slo.spec import Spec
 
@@ -85,9 +83,13 @@ async def _parse_admin(request: Request, model: type[_M]) -> _M | Response:
 
 
 def build_gateway_app(
-    settings: GatewaySettings, spec: Spec, registry: CollectorRegistry | None = None
+    settings: GatewaySettings,
+    spec: Spec,
+    registry: CollectorRegistry | None = None,
+    tracing: GatewayTracing | None = None,
 ) -> FastAPI:
-    """The gateway's ASGI app; its metrics go to `registry` (a new one when None)."""
+    """The gateway's ASGI app; its metrics go to `registry` (a new one when None), its spans
+    to `tracing` (when None: as the `tracing` setting and the OTEL_* variables say)."""
     if not settings.upstreams:
         raise GatewayConfigError(
             "upstreams: no upstream configured; give at least one region -> base URL "
@@ -109,7 +111,14 @@ def build_gateway_app(
         list(settings.upstreams),
         settings.max_model_labels,
     )
-    gateway = Gateway(settings, metrics)
+    breakers = settings.breakers.apply(spec.breakers)  # GatewayConfigError when invalid
+    own_tracing = tracing is None
+    if tracing is None:
+        try:
+            tracing = GatewayTracing.from_settings(settings.tracing)
+        except TracingConfigError as exc:
+            raise GatewayConfigError(str(exc)) from None
+    gateway = Gateway(settings, metrics, breakers, tracing)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -123,6 +132,9 @@ def build_gateway_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
             await gateway.stop()
+            if own_tracing:
+                # The batch processor's last spans go out (a blocking flush, once, at exit).
+                gateway.tracing.shutdown()
 
     app = FastAPI(title="redline gateway", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.state.gateway = gateway
@@ -183,8 +195,11 @@ def build_gateway_app(
         return await gateway.handle(request, record=False)
 
     @app.get("/metrics")
-    async def metrics_endpoint() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics_endpoint(request: Request) -> Response:
+        # OpenMetrics when the scraper asks for it (Prometheus does): the only exposition that
+        # carries the latency histogram's trace-id exemplars; else the classic text format.
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(registry), headers={"content-type": content_type})
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:

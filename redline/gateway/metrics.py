@@ -43,7 +43,18 @@ SERIES: tuple[tuple[str, catalog.Metric], ...] = (
     ("spot_interrupted", catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL),
     ("spot_retries", catalog.LLM_SPOT_RETRIES_TOTAL),
     ("spot_draining", catalog.LLM_GATEWAY_NODE_DRAINING),
+    ("breaker_state", catalog.LLM_GATEWAY_BREAKER_STATE),
+    ("breaker_transitions", catalog.LLM_GATEWAY_BREAKER_TRANSITIONS_TOTAL),
 )
+BREAKER_STATES = ("closed", "open", "half_open")
+"""The values of the breaker state gauge's `state` label."""
+BREAKER_MOVES = (
+    ("closed", "open"),
+    ("open", "half_open"),
+    ("half_open", "open"),
+    ("half_open", "closed"),
+)
+"""Every transition a breaker makes (its counters start at zero)."""
 
 
 def build_series(
@@ -83,6 +94,8 @@ class GatewayMetrics:
     spot_interrupted: Counter
     spot_retries: Counter
     spot_draining: Gauge
+    breaker_state: Gauge
+    breaker_transitions: Counter
 
     def __init__(
         self,
@@ -98,12 +111,22 @@ class GatewayMetrics:
         for source in regions:
             self.upstream_healthy.labels(source).set(1)
             self.spot_draining.labels(source).set(0)
+            for state in BREAKER_STATES:
+                self.breaker_state.labels(source, state).set(1 if state == "closed" else 0)
+            for before, after in BREAKER_MOVES:
+                self.breaker_transitions.labels(source, before, after)
             for recoverable in ("true", "false"):
                 self.spot_interrupted.labels(source, recoverable)
             for destination in regions:
                 if source != destination:
                     for reason in REROUTE_REASONS:
                         self.reroutes.labels(source, destination, reason)
+
+    def breaker_moved(self, region: str, before: str, after: str) -> None:
+        """Count a breaker transition and show the region's new state."""
+        self.breaker_transitions.labels(region, before, after).inc()
+        for state in BREAKER_STATES:
+            self.breaker_state.labels(region, state).set(1 if state == after else 0)
 
     def model_label(self, model: str) -> str:
         """`model` as a label value, bounded so clients cannot explode the series count."""
@@ -126,11 +149,15 @@ class GatewayMetrics:
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
         first_token_at: float | None = None,
+        trace_id: str | None = None,
     ) -> None:
-        """Observe one finished request (arrived at perf_counter `started`) in every series."""
+        """Observe one finished request (arrived at perf_counter `started`) in every series;
+        a sampled request's `trace_id` goes on the latency histogram as an exemplar."""
         model = self.model_label(model)
         labels = (region, served, "true" if rerouted else "false", model, version, str(status))
-        self.duration.labels(*labels).observe(time.perf_counter() - started)
+        self.duration.labels(*labels).observe(
+            time.perf_counter() - started, None if trace_id is None else {"trace_id": trace_id}
+        )
         self.requests.labels(*labels).inc()
         errors = self.errors.labels(*labels)  # created at 0 so error ratios are never absent
         if status >= 500:
@@ -144,6 +171,8 @@ class GatewayMetrics:
 
 
 __all__ = [
+    "BREAKER_MOVES",
+    "BREAKER_STATES",
     "REQUEST_LABELS",
     "REROUTE_REASONS",
     "SERIES",

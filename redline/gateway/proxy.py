@@ -3,7 +3,10 @@
 Per request:
 
 1. Order the regions (`redline.gateway.routing`): routing override first, then the configured
-   order; closed, draining and unhealthy regions last.
+   order; closed, draining and unhealthy regions last, regions whose circuit breaker is open
+   (`redline.gateway.breakers`) after them. An open region is skipped without an attempt
+   unless it is the last one left (trying it is better than failing); every attempt's outcome
+   (the reroute causes below are its failures) and latency feed its region's breaker.
 2. Try each region in that order. Move on (a reroute, counted in `llm_reroutes_total`) on a
    connect error, a 5xx, a transport error or timeout, or when the response's first byte has not
    arrived within `first_byte_budget_seconds`. The budget is not applied to the last region: with
@@ -15,6 +18,11 @@ Per request:
 
 Upstream calls go through `redline.gateway.upstream`, a lean asyncio HTTP/1.1 keep-alive
 client (httpx cost about three times the CPU per proxied request; see bench/gateway_overhead.py).
+
+Traces (`redline.gateway.tracing`, when on): a SERVER span per recorded request, started once the
+request is accepted and ended where it is recorded (`_observe`, whose exemplar is its trace id),
+and a CLIENT span per attempt (`_attempt_tracked`), whose `traceparent` goes upstream. Off, the
+only cost is the `tracing.on` test per request and `req.trace is None` tests per attempt.
 
 Token counts come from the upstream's `usage`. For a streamed request that did not ask for it the
 gateway adds `stream_options.include_usage` upstream and drops the usage-only chunk before it
@@ -58,6 +66,7 @@ from redline.gateway.routing import RegionRouter
 from redline.gateway.settings import GatewaySettings
 from redline.gateway.spot import Inflight, Refusal, SpotControl
 from redline.gateway.sse import StreamTally, int_or_none
+from redline.gateway.tracing import TRACE_HEADERS, GatewayTracing, RequestTrace
 from redline.gateway.upstream import (
     UpstreamConnectError,
     UpstreamError,
@@ -79,6 +88,7 @@ from redline.platform.spot import (
     is_retry_safe,
     requested_max_tokens,
 )
+from redline.slo.spec import Breakers
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +147,7 @@ class _Request:
     payload: dict[str, Any] | None = None
     request_id: str = ""
     retry_safe: bool = True
+    trace: RequestTrace | None = None
 
 
 def openai_error(status: int, message: str, kind: str) -> JSONResponse:
@@ -148,10 +159,17 @@ def openai_error(status: int, message: str, kind: str) -> JSONResponse:
 class Gateway:
     """The proxy: region routing, spot control, the upstream pools and the metrics."""
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        breakers: Breakers | None = None,
+        tracing: GatewayTracing | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.router = RegionRouter(settings, metrics)
+        self.tracing = tracing if tracing is not None else GatewayTracing()
+        self.router = RegionRouter(settings, metrics, breakers)
         self.spot = SpotControl(settings, metrics)
         self.regions = self.router.regions
         self.versions: ActiveVersions | None = None
@@ -214,6 +232,7 @@ class Gateway:
             "closed": sorted(routing.closed),
             "unhealthy": [r for r in self.regions if self.router.unhealthy(r, now)],
             "draining": sorted(n for n in self.spot.draining if self.spot.is_draining(n)),
+            "breakers": None if self.router.breakers is None else self.router.breakers.states(),
         }
 
     def version(self, model: str, response: UpstreamResponse) -> str:
@@ -271,11 +290,64 @@ class Gateway:
             if refused is not None:
                 return self._refuse(started, refused, record)
         self.spot.inflight.add(inflight)
+        token = None
+        if self.tracing.on and record:
+            token = self._trace(request, req, entry)
         try:
             return await self._route(req, inflight, entry, record)
         finally:
+            if token is not None:
+                req.trace.detach(token)  # type: ignore[union-attr]
             if not inflight.stream or inflight.response is None:
                 self.spot.inflight.discard(inflight)
+
+    def _trace(self, request: Request, req: _Request, entry: LedgerEntry | None) -> object:
+        """Start the request's trace (the client's trace headers are replaced by each attempt's
+        own) with its SERVER span current; the token that ends that."""
+        req.headers = [(k, v) for k, v in req.headers if k not in TRACE_HEADERS]
+        req.trace = self.tracing.start(
+            request.headers,
+            req.method,
+            req.path,
+            req.model,
+            req.request_id,
+            req.started,
+            None if entry is None else entry.node,
+            0 if entry is None else entry.served_prefix_tokens,
+        )
+        return req.trace.enter()
+
+    def _observe(
+        self,
+        req: _Request,
+        region: str,
+        served: str,
+        rerouted: bool,
+        version: str,
+        status: int,
+        prompt_tokens: int | None = None,
+        completion_tokens: int | None = None,
+        first_token_at: float | None = None,
+    ) -> None:
+        """Record a finished request; end its trace, whose id is the latency's exemplar."""
+        trace_id = None
+        if req.trace is not None:
+            trace_id = req.trace.finish(
+                status, region, served, rerouted, version, prompt_tokens, completion_tokens
+            )
+        self.metrics.observe(
+            req.started,
+            req.model,
+            region,
+            served,
+            rerouted,
+            version,
+            status,
+            prompt_tokens,
+            completion_tokens,
+            first_token_at,
+            trace_id,
+        )
 
     def _refuse(self, started: float, refusal: Refusal, record: bool) -> Response:
         if record:
@@ -318,8 +390,11 @@ class Gateway:
             order.append(entry.node)
         failures: list[str] = []
         last_failure: _Failure | None = None
+        served = order[0]
         for index, region in enumerate(order):
             last = index == len(order) - 1
+            if not last and not self.router.admit(region):
+                continue  # its breaker is open: on to the next region at once, no waiting
             budget = None if last else self.settings.first_byte_budget_seconds
             if self.settings.first_byte_budget_streaming_only and not req.stream:
                 budget = None
@@ -349,6 +424,7 @@ class Gateway:
                     req, order[0], region, index > 0, outcome, record, inflight, resumed
                 )
             self.router.failed(region)
+            served = region  # the last region tried (a breaker may have skipped some)
             failures.append(f"{region}: {outcome.detail}")
             last_failure = outcome
             spot = outcome.reason == "spot_preemption"
@@ -371,14 +447,12 @@ class Gateway:
                 self.metrics.reroutes.labels(region, order[index + 1], reason).inc()
                 log.info("reroute %s -> %s: %s", region, order[index + 1], outcome.detail)
         assert last_failure is not None
-        served = order[len(failures) - 1]
         rerouted = len(failures) > 1
         if last_failure.status is not None:
             # The last region answered with a 5xx: the client gets that answer as it was.
             if record:
-                self.metrics.observe(
-                    req.started,
-                    req.model,
+                self._observe(
+                    req,
                     order[0],
                     served,
                     rerouted,
@@ -389,9 +463,7 @@ class Gateway:
             return Response(last_failure.body, last_failure.status, headers=headers)
         status = 504 if last_failure.reason in ("timeout", "first_byte_budget") else 502
         if record:
-            self.metrics.observe(
-                req.started, req.model, order[0], served, rerouted, "unknown", status
-            )
+            self._observe(req, order[0], served, rerouted, "unknown", status)
         return openai_error(
             status, "no upstream region answered: " + "; ".join(failures), "UpstreamError"
         )
@@ -416,7 +488,7 @@ class Gateway:
             inflight.abort_reason or "preempted",
         )
         if record:
-            self.metrics.observe(req.started, req.model, region, served, rerouted, "unknown", 503)
+            self._observe(req, region, served, rerouted, "unknown", 503)
         return JSONResponse(error, status_code=503, headers={REQUEST_ID_HEADER: req.request_id})
 
     async def _attempt_tracked(
@@ -435,15 +507,32 @@ class Gateway:
         # attempt: that would cost every request), and the cancellation is taken back here.
         task = asyncio.current_task()
         inflight.task = task
+        trace = req.trace
+        token = None if trace is None else trace.begin_attempt(region, body is not None)
+        outcome: _Committed | _Failure | None = None
         try:
             outcome = await self._attempt(req, region, budget, body)
         except asyncio.CancelledError:
             if inflight.abort_reason is None or task is None or task.cancelling() != 1:
                 raise
             task.uncancel()
-            return _Failure("spot_preemption", f"aborted by a spot drain: {inflight.abort_reason}")
+            reason = f"aborted by a spot drain: {inflight.abort_reason}"
+            outcome = _Failure("spot_preemption", reason)
+            return outcome
         finally:
             inflight.task = None
+            if trace is not None:
+                trace.detach(token)
+                if isinstance(outcome, _Committed):
+                    trace.attempt_committed(outcome.response.status)
+                elif outcome is None:
+                    trace.attempt_failed("cancelled", "the request was cancelled", None)
+                else:
+                    trace.attempt_failed(outcome.reason, outcome.detail, outcome.status)
+        # The breaker counts what the proxy reroutes on (a drain's abort above is not the
+        # upstream's fault); latency is to the first byte, or the whole body when not streamed.
+        elapsed = time.perf_counter() - inflight.attempt_started
+        self.router.attempted(region, isinstance(outcome, _Committed), elapsed)
         if isinstance(outcome, _Committed) and outcome.body is None:
             inflight.response = outcome.response
             if inflight.abort_reason is not None:
@@ -459,7 +548,11 @@ class Gateway:
         try:
             async with asyncio.timeout(budget):
                 response = await self._pools[region].request(
-                    req.method, target, req.headers, req.body if body is None else body
+                    req.method,
+                    target,
+                    req.headers,
+                    req.body if body is None else body,
+                    () if req.trace is None else req.trace.headers,
                 )
                 if response.status >= 500:
                     error_body = await response.read()
@@ -516,9 +609,8 @@ class Gateway:
         if outcome.body is not None:
             if record:
                 prompt, completion = _usage(outcome.body, response)
-                self.metrics.observe(
-                    req.started,
-                    req.model,
+                self._observe(
+                    req,
                     region,
                     served,
                     rerouted,
@@ -573,6 +665,8 @@ class Gateway:
                 # body: the client must see a broken stream, not a clean end without [DONE].
                 raise StreamCutError(f"stream from {served} cut: {exc}") from exc
             status = 503
+            if req.trace is not None:
+                req.trace.preempted(inflight.abort_reason or "preempted")
             yield await self.spot.interrupt(
                 req.request_id, req.payload, served, version, tally, inflight
             )
@@ -588,9 +682,8 @@ class Gateway:
                 completion = tally.completion_tokens
                 if completion is None and tally.content_chunks:
                     completion = tally.content_chunks
-                self.metrics.observe(
-                    req.started,
-                    req.model,
+                self._observe(
+                    req,
                     region,
                     served,
                     rerouted,

@@ -4,7 +4,10 @@ The routing override and closed regions come from Redis (`redline.platform.routi
 in the background every `routing_refresh_seconds` (<= 1 s), so Redis is never on a request's
 path; while Redis is unreachable the configured order applies. Regions whose admission is closed
 (in Redis, or by a spot drain in this process), or that failed `unhealthy_after_failures` times
-in a row within `unhealthy_cooldown_seconds`, go last.
+in a row within `unhealthy_cooldown_seconds`, go last. Regions whose circuit breaker is open
+(`redline.gateway.breakers`, thresholds from the spec's `breakers`) go after all of them; each
+breaker transition is logged, counted, shown in the state gauge and added as a
+`breaker.transition` event to the current span (a no-op when tracing is off).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import time
 from dataclasses import dataclass
 
 import redis.exceptions
+from opentelemetry import trace
 
+from redline.gateway.breakers import BreakerBoard, BreakerConfig, Transition
 from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.settings import GatewaySettings
 from redline.platform.routing import (
@@ -23,6 +28,7 @@ from redline.platform.routing import (
     RoutingState,
     build_region_order,
 )
+from redline.slo.spec import Breakers
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +44,16 @@ class RegionHealth:
 class RegionRouter:
     """The routing state read from Redis, each region's health, and the order to try them in."""
 
-    def __init__(self, settings: GatewaySettings, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self, settings: GatewaySettings, metrics: GatewayMetrics, breakers: Breakers | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.regions = list(settings.upstreams)
+        self.breakers: BreakerBoard | None = None
+        if breakers is not None and breakers.enabled:
+            config = BreakerConfig.from_spec(breakers)
+            self.breakers = BreakerBoard(self.regions, config, self._breaker_moved)
         self.routing = RoutingState()
         self.store_up = False
         self.health = {region: RegionHealth() for region in self.regions}
@@ -94,9 +106,34 @@ class RegionRouter:
         if draining:
             routing = RoutingState(routing.override, routing.closed | draining)
         order = build_region_order(self.regions, routing, unhealthy)
-        if self.settings.balance == "failover" and not self.settings.spill_regions:
-            return order
-        return self._balance(order, routing, routing.closed | unhealthy)
+        if self.settings.balance != "failover" or self.settings.spill_regions:
+            order = self._balance(order, routing, routing.closed | unhealthy)
+        if self.breakers is not None:
+            order = self.breakers.order(order)
+        return order
+
+    def _breaker_moved(self, transition: Transition) -> None:
+        """Log, count and trace one breaker transition."""
+        level = logging.INFO if transition.after == "half_open" else logging.WARNING
+        log.log(
+            level,
+            "breaker %s: %s -> %s (%s)",
+            transition.region,
+            transition.before,
+            transition.after,
+            transition.reason,
+        )
+        self.metrics.breaker_moved(transition.region, transition.before, transition.after)
+        trace.get_current_span().add_event("breaker.transition", transition.attributes())
+
+    def admit(self, region: str) -> bool:
+        """Whether an attempt may go to `region` now (its breaker is not open, or it probes)."""
+        return self.breakers is None or self.breakers.admit(region)
+
+    def attempted(self, region: str, ok: bool, seconds: float) -> None:
+        """Record one attempt's outcome and latency in the region's breaker."""
+        if self.breakers is not None:
+            self.breakers.record(region, ok, seconds)
 
     def _balance(
         self, order: list[str], routing: RoutingState, blocked: frozenset[str]

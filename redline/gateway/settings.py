@@ -7,11 +7,20 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.routing import DEFAULT_PREFIX
 from redline.platform.spot import DEFAULT_LEDGER_PREFIX
+from redline.slo.spec import Breakers
 
 DEFAULT_GATEWAY_PORT = 8080
 _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -19,6 +28,34 @@ _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
 
 class GatewayConfigError(Exception):
     """The gateway cannot start with these settings (e.g. no upstreams)."""
+
+
+class BreakerOverrides(BaseModel):
+    """The gateway's changes to the spec's `breakers` section (unset fields keep the spec's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool | None = None
+    error_rate: float | None = None
+    window: str | None = None
+    p99_seconds: float | None = None
+    min_requests: int | None = None
+    open_for: str | None = None
+    half_open_probes: int | None = None
+
+    def apply(self, breakers: Breakers) -> Breakers:
+        """The spec's section with these overrides, validated as the spec is (GatewayConfigError
+        naming the field otherwise)."""
+        changes = self.model_dump(exclude_none=True)
+        if not changes:
+            return breakers
+        try:
+            return Breakers.model_validate({**breakers.model_dump(), **changes})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"breakers.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise GatewayConfigError(problems) from None
 
 
 class GatewaySettings(ServiceSettings):
@@ -105,10 +142,21 @@ class GatewaySettings(ServiceSettings):
     version_ttl_seconds: float = Field(
         1.0, gt=0, description="Seconds a model's active version is cached (snapshots_root)."
     )
+    breakers: BreakerOverrides = Field(
+        default_factory=BreakerOverrides,
+        description="Overrides of the spec's `breakers` (e.g. env REDLINE_BREAKERS="
+        "'{\"enabled\": false}'); unset fields keep the spec's values.",
+    )
     spill_regions: list[str] = Field(
         default_factory=list,
         description="Upstreams used only when every other one is closed, unhealthy or failed "
         "(an on-demand pool behind spot replicas).",
+    )
+    tracing: bool | None = Field(
+        None,
+        description="OpenTelemetry traces (redline.gateway.tracing, configured by the OTEL_* "
+        "variables). Unset: on only when OTEL_EXPORTER_OTLP_ENDPOINT or "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; OTEL_SDK_DISABLED=true turns it off.",
     )
 
     @field_validator("upstreams")

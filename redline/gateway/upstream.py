@@ -271,15 +271,24 @@ class UpstreamPool:
         return await self._connect()
 
     async def request(
-        self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        body: bytes,
+        trace_headers: Sequence[tuple[str, str]] = (),
     ) -> UpstreamResponse:
-        """Send one request (`target` is path and query) and read the response head."""
+        """Send one request (`target` is path and query) and read the response head;
+        `trace_headers` (the attempt's `traceparent` and `tracestate`) are sent after `headers`."""
         if self._closed:
             raise UpstreamConnectError("the upstream pool is closed")
         head = [f"{method} {self.prefix}{target} HTTP/1.1\r\nhost: {self.host_header}\r\n"]
         for name, value in headers:
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
                 continue
+            head.append(f"{name}: {value}\r\n")
+        for name, value in trace_headers:
+            # Built by the propagator from ids and a validated tracestate: no CR/LF possible.
             head.append(f"{name}: {value}\r\n")
         if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
             head.append(f"content-length: {len(body)}\r\n")

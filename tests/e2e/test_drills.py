@@ -164,6 +164,30 @@ def test_latency_persistent_holds_the_reroute_and_restores_once(
     assert result.failed_requests == 0, result.failed_detail
 
 
+def test_the_breaker_opens_within_its_window_and_closes_after_the_probes(
+    drills: dict[str, DrillResult],
+) -> None:
+    """The primary fails 30 %: its breaker opens within the (local) window, the failed attempts
+    at the primary drop to the probes, the probes close it after the repair, clients see no
+    error and GatewayBreakerOpen stays quiet."""
+    result = drills["breaker"]
+    assert result.not_applicable is None, _explain(result)
+    checks = {check.name: check for check in result.checks}
+    for name in (
+        "the breaker opens within its window",
+        "failed attempts at the primary drop once open",
+        "the breaker closes after the half-open probes",
+        "the breaker stays closed",
+        "GatewayBreakerOpen does not fire",
+    ):
+        assert checks[name].ok, f"{name}: {checks[name].detail}"
+    figures = {figure.label: figure.value for figure in result.figures}
+    to_open = figures["time to open"]
+    assert isinstance(to_open, float) and 0 < to_open <= 11.0, _explain(result)
+    assert figures["errors clients saw"] == 0, _explain(result)
+    assert result.failed_requests == 0, result.failed_detail
+
+
 def test_the_artifact_holds_every_drills_timings(drills: dict[str, DrillResult]) -> None:
     data = json.loads(ARTIFACT.read_text())
     assert [d["drill"] for d in data["drills"]] == list(DRILL_ORDER)

@@ -53,7 +53,7 @@ PYTHON = sys.executable
 REDLINE = str(Path(PYTHON).with_name("redline"))
 IMAGE_HOME = "/var/lib/redline"
 """The redline image's WORKDIR and home (compose/Dockerfile)."""
-NOT_RUNNABLE = ("grafana/", "quay.io/thanos/", "minio/", "quay.io/coreos/etcd")
+NOT_RUNNABLE = ("grafana/", "quay.io/thanos/", "minio/", "quay.io/coreos/etcd", "jaegertracing/")
 """Images with no local binary: their services are reported as not run."""
 READY_TIMEOUT = 90.0
 

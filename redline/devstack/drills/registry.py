@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from redline.devstack.drills.base import DrillError, DrillResult
+from redline.devstack.drills.breaker import drill_breaker
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.exporter_down import drill_exporter_down
 from redline.devstack.drills.latency import drill_latency
@@ -19,6 +20,7 @@ DRILL_ORDER = (
     "exporter-down",
     "session-rpo",
     "staleness",
+    "breaker",
     "latency",
     "regression",
     "regression-negative",
@@ -28,7 +30,9 @@ DRILL_ORDER = (
 gate's 300 s window, so the regressions come late and their recovery is awaited at the end.
 `latency-persistent` (about 90 s: the primary stays slow for several restore periods) runs
 after them, while that recovery is awaited in the background, so it adds little to `all`.
-The spot drills run a fleet of their own beside the stack and are asked for by name."""
+`breaker` (about 30 s) runs before `latency`, so its reroutes are long out of the latency
+window when that drill starts. The spot drills run a fleet of their own beside the stack and
+are asked for by name."""
 
 DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER)
 """Every drill a user may name (`all` aside)."""
@@ -41,6 +45,7 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "regression-negative": drill_regression_negative,
     "session-rpo": drill_session_rpo,
     "exporter-down": drill_exporter_down,
+    "breaker": drill_breaker,
     **SPOT_DRILLS,
 }
 """The explicit registry of drills, by name."""

@@ -218,6 +218,8 @@ class _GatewayTraffic:
     def __init__(self, spec: Spec, fam: Callable[[str, str], _Family], counters: _Counters) -> None:
         src = spec.sources.resolve()
         self.spec, self.counters, self.model = spec, counters, MODEL
+        self.fam = fam
+        self.breaker_open = False  # the primary's breaker opens for the latency breach
         self.requests = src.required_name("requests").removesuffix("_total")
         self.errors = src.required_name("errors").removesuffix("_total")
         primary, *others = spec.regions
@@ -280,12 +282,36 @@ class _GatewayTraffic:
                     reroute = {"from_region": source_region, "to_region": target,
                                "reason": "first_byte_budget"}  # fmt: skip
                     count(catalog.LLM_REROUTES_TOTAL.family, reroute, now, moved)
+        self._breakers(now, breach)
         for (region, version), hist in self.ttft.items():
             requests = (30.0 if region == primary else 20.0) * step if version == active else 0.0
             hist.observe(now, requests, 0.12 if not breach else 0.2)
             tokens = {"served_region": region, "model": MODEL, "model_version": version}
             count(catalog.LLM_GENERATED_TOKENS_TOTAL.family, tokens, now, requests * 42)
             count(catalog.LLM_PROMPT_TOKENS_TOTAL.family, tokens, now, requests * 230)
+
+    def _breakers(self, now: float, breach: bool) -> None:
+        """Each region's breaker state and transitions: the primary's is open while it breaches."""
+        primary = self.spec.regions[0]
+        moves = (("closed", "open"), ("open", "half_open"), ("half_open", "closed"))
+        moved = breach != self.breaker_open
+        self.breaker_open = breach
+        for region in self.spec.regions:
+            current = "open" if breach and region == primary else "closed"
+            for state in ("closed", "open", "half_open"):
+                labels = {"region": region, "state": state}
+                value = 1.0 if state == current else 0.0
+                self.fam(catalog.LLM_GATEWAY_BREAKER_STATE.name, "gauge").add(labels, now, value)
+            for before, after in moves:
+                labels = {"region": region, "from": before, "to": after}
+                # Opening counts closed -> open; closing counts open -> half_open -> closed.
+                hit = moved and region == primary and (after == "open") == breach
+                self.counters.add(
+                    catalog.LLM_GATEWAY_BREAKER_TRANSITIONS_TOTAL.family,
+                    labels,
+                    now,
+                    1.0 if hit else 0.0,
+                )
 
 
 _MATCHER = re.compile(r'^\s*(\w+)\s*(=~|!~|!=|=)\s*"(.*)"\s*$')

@@ -283,7 +283,10 @@ def test_each_part_is_started_with_its_own_settings_file(
     local_spec: Spec, ports: dict[str, int], layout: StackLayout
 ) -> None:
     for part, command in _commands(local_spec, ports, layout).items():
+        # The service fronts and the trace store are lean modules, not CLI commands.
         module = "redline.devstack.fakes.service" if part.startswith("service-") else "redline.cli"
+        if part == "trace-store":
+            module = "redline.devstack.tracestore"
         assert command.argv[:3] == ("py", "-m", module)
         assert command.argv[-2:] == ("--config", str(layout.settings_file(part)))
     commands = _commands(local_spec, ports, layout)

@@ -1,0 +1,151 @@
+"""The breaker drill: the primary region fails 30 % of requests -> its circuit breaker in the
+gateway opens within the breaker window -> the gateway stops sending it traffic (failed attempts
+at the primary drop to the half-open probes; clients see no errors, as the gateway reroutes
+the failed ones before the breaker opens) -> the fault is removed -> half-open probes succeed ->
+closed.
+
+No alert is part of this loop: `GatewayBreakerOpen` pages only for a breaker that stays open
+for `breakers.alert_after` (5 min), which a recovered primary never reaches, so the drill
+checks that it does not fire. Times come from the gateway's `/healthz` (polled every 0.1 s),
+failed attempts from the primary pods' own `/admin/stats`, client errors from the load
+generator's stats. The local profile shortens the window and the open time
+(`breaker_window`, `breaker_open_for`) so the loop closes in seconds."""
+
+from __future__ import annotations
+
+import time
+
+from redline.devstack.drills.base import DrillError, DrillResult
+from redline.devstack.drills.context import DrillContext
+from redline.slo.spec import parse_duration
+
+ERROR_RATE = 0.3
+ALERT = "GatewayBreakerOpen"
+
+
+def _breaker_state(ctx: DrillContext, region: str) -> str:
+    """The region's breaker state as the gateway's `/healthz` shows it."""
+    response = ctx.probe.http.get(f"{ctx.endpoints.gateway_url}/healthz")
+    response.raise_for_status()
+    breakers = response.json().get("breakers")
+    if not breakers:
+        raise DrillError("the gateway runs no circuit breakers (breakers.enabled is false)")
+    return str(breakers[region])
+
+
+def _failed_attempts(ctx: DrillContext, region: str) -> int:
+    """Requests the region's pods answered with an injected error, summed over its pods."""
+    total = 0
+    for url in ctx.endpoints.pod_urls(region):
+        response = ctx.probe.http.get(f"{url}/admin/stats")
+        response.raise_for_status()
+        total += int(response.json()["counts"].get("errors", 0))
+    return total
+
+
+def _client_failures(ctx: DrillContext) -> int:
+    return sum(ctx.probe.loadgen_failures().values())
+
+
+def drill_breaker(ctx: DrillContext) -> DrillResult:
+    """Primary fails 30 % -> its breaker opens within the window -> no traffic to it -> fault
+    removed -> half-open probes -> closed."""
+    spec = ctx.spec
+    breakers = spec.breakers
+    window = parse_duration(breakers.window)
+    open_for = parse_duration(breakers.open_for)
+    result = DrillResult("breaker", ALERT, None, window, expect_alert=False)
+    if not ctx.endpoints.has_gateway:
+        result.not_applicable = f"no gateway in the {ctx.endpoints.source} stack: no breakers"
+        return result
+    primary = ctx.endpoints.regions[0]
+
+    def closed() -> bool | None:
+        return True if _breaker_state(ctx, primary) == "closed" else None
+
+    ctx.wait_for(result.drill, f"the {primary} breaker to be closed before the fault", closed,
+                 open_for + 60.0)  # fmt: skip
+    saved = ctx.probe.faults(primary)
+    clients_before = _client_failures(ctx)
+    failed_before = _failed_attempts(ctx, primary)
+    try:
+        result.fault = f"{primary}: {ERROR_RATE:.0%} of requests answered 500"
+        result.fault_at = time.time()
+        ctx.probe.set_faults(primary, {**saved, "error_rate": ERROR_RATE, "error_status": 500})
+        result.condition_basis = (
+            f"the window's error share passes {breakers.error_rate:.0%} once about half of "
+            f"{breakers.window} holds failing traffic"
+        )
+        ctx.say(result.drill, f"fault injected: {result.fault}")
+
+        def opened() -> float | None:
+            return time.time() if _breaker_state(ctx, primary) == "open" else None
+
+        opened_at = ctx.wait_for(result.drill, f"the {primary} breaker to open", opened,
+                                 window + 30.0)  # fmt: skip
+        result.remediated_at = opened_at
+        to_open = opened_at - result.fault_at
+        failed_at_open = _failed_attempts(ctx, primary)
+        rate_closed = (failed_at_open - failed_before) / max(to_open, 1e-3)
+        ctx.say(result.drill, f"breaker open after {to_open:.1f} s")
+        result.check(
+            "the breaker opens within its window",
+            to_open <= window + 1.0,
+            f"{to_open:.1f} s <= {breakers.window} (+1 s of polling)",
+        )
+        # Hold the fault across two open periods: the half-open probes fail and reopen it.
+        hold = 2 * open_for + 1.0
+        time.sleep(hold)
+        failed_held = _failed_attempts(ctx, primary) - failed_at_open
+        rate_open = failed_held / hold
+        result.figure("failed attempts at the primary before open", rate_closed, "/s")
+        result.figure("failed attempts at the primary while open", rate_open, "/s")
+        result.check(
+            "failed attempts at the primary drop once open",
+            rate_open <= max(0.25 * rate_closed, 1.0),
+            f"{rate_closed:.2f}/s before -> {rate_open:.2f}/s over {hold:g} s "
+            "(what is left are half-open probes)",
+        )
+
+        def open_again() -> bool | None:
+            return True if _breaker_state(ctx, primary) == "open" else None
+
+        # Repair while the breaker is open, so closing goes through the half-open probes.
+        ctx.wait_for(result.drill, f"the {primary} breaker open to repair it", open_again,
+                     open_for + 30.0)  # fmt: skip
+        ctx.say(result.drill, f"repairing {primary} (fault removed)")
+        ctx.probe.set_faults(primary, saved)
+        repaired_at = time.time()
+
+        def closed_at() -> float | None:
+            return time.time() if _breaker_state(ctx, primary) == "closed" else None
+
+        recovered = ctx.wait_for(result.drill, f"the {primary} breaker to close", closed_at,
+                                 open_for + 30.0)  # fmt: skip
+        result.recovered_at = recovered
+        to_close = recovered - repaired_at
+        result.check(
+            "the breaker closes after the half-open probes",
+            to_close <= open_for + 5.0,
+            f"{to_close:.1f} s after the repair (open_for {breakers.open_for})",
+        )
+        time.sleep(2.0)
+        result.check(
+            "the breaker stays closed",
+            _breaker_state(ctx, primary) == "closed",
+            "closed 2 s after closing",
+        )
+    finally:
+        ctx.probe.set_faults(primary, saved)
+    firing = [a for a in ctx.probe.alerts(ALERT, {"region": primary}) if a["state"] == "firing"]
+    result.check(f"{ALERT} does not fire", not firing, f"{len(firing)} firing")
+    result.failed_requests = _client_failures(ctx) - clients_before
+    result.failed_detail = "requests the load generator saw fail during the drill"
+    result.figure("time to open", to_open, "s")
+    result.figure("time to close after the repair", to_close, "s")
+    result.figure("errors clients saw", result.failed_requests)
+    result.lost_detail = "n/a: a breaker moves requests, it writes no data"
+    return result
+
+
+__all__ = ["ERROR_RATE", "drill_breaker"]
