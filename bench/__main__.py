@@ -10,10 +10,12 @@ BENCHMARKS = (
     ("generate", "rule generation + promtool check (issue: foundation)"),
     ("scrape", "exporter /metrics vs a bare prometheus-client registry"),
     ("gateway_overhead", "gateway-proxied request vs calling the simulator directly"),
+    ("intent", "intent classifier accuracy (held out) and token estimator error"),
     ("replay", "delta-log replay vs raw pymilvus batched upsert"),
     ("ingest", "webhook ingestion vs a bare FastAPI endpoint"),
     ("report", "30-day SLO report vs naive raw reads"),
     ("drift", "drift detection vs Evidently (needs: pip install -e '.[bench]')"),
+    ("promptlog", "prompt-log trace-back via the index vs a full scan; tamper detection"),
 )
 
 

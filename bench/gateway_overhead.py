@@ -9,6 +9,9 @@ per mode and side, the added milliseconds and the ratio, and each gateway's CPU 
 (/proc/<pid>/stat utime + stime). Targets: <= 2 ms added at p50 (tracing off); tracing on at
 <= 1.3x the CPU per request of tracing off. Both run the spec's circuit breakers; a third
 gateway with them off (REDLINE_BREAKERS='{"enabled": false}') shows what the breakers cost.
+A fourth runs the token quotas (REDLINE_QUOTAS_FILE: one limit matching every request, roomy
+enough never to throttle): intent classification, token estimation, one Lua call to Redis per
+request and the settlement after it; its difference from "tracing off" is their cost.
 
 Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
 """
@@ -34,6 +37,11 @@ from redline.devstack.processes import Service, free_port, http_ok, start_redis,
 
 TARGET_ADDED_P50_MS = 2.0
 TARGET_TRACING_CPU_RATIO = 1.3
+QUOTAS_FILE = """quotas:
+  enabled: true
+  limits:
+    - {intent: "*", tokens_per_minute: 100000000, safety_buffer_tokens: 300}
+"""
 
 
 def _start(name: str, argv: list[str], log: Path, port: int) -> Service:
@@ -181,7 +189,15 @@ def main(argv: list[str] | None = None) -> None:
             # Breakers on (the spec's default) in both sides above; a third gateway runs with
             # them off, so their cost is the difference of "tracing off" and "breakers off".
             unbroken = {**plain, "REDLINE_BREAKERS": '{"enabled": false}'}
-            sides = (("tracing off", plain), ("tracing on", traced), ("breakers off", unbroken))
+            quota_file = root / "quotas.yaml"
+            quota_file.write_text(QUOTAS_FILE)
+            quotas = {**plain, "REDLINE_QUOTAS_FILE": str(quota_file)}
+            sides = (
+                ("tracing off", plain),
+                ("tracing on", traced),
+                ("breakers off", unbroken),
+                ("quotas on", quotas),
+            )
             for side, env in sides:
                 port = free_port()
                 name = "gateway-" + side.replace(" ", "-")
@@ -257,6 +273,12 @@ def _report(requests: int, runs: list[Run], exported: int) -> None:
             print(
                 f"{run.mode}: circuit breakers add {added * 1000:.1f} us of gateway CPU per "
                 f"request ({per['tracing off'] / per['breakers off']:.2f}x breakers off)"
+            )
+        if per.get("tracing off") and "quotas on" in per:
+            added = per["quotas on"] - per["tracing off"]
+            print(
+                f"{run.mode}: intent + token estimate + quota check add {added * 1000:.1f} us of "
+                f"gateway CPU per request ({per['quotas on'] / per['tracing off']:.2f}x quotas off)"
             )
     print(f"spans exported to the sink: {exported / 1024:.0f} KiB of OTLP protobuf")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -12,6 +12,7 @@ from grafanalib.core import Dashboard
 
 from redline.dashboards.boards.error_budgets import build_error_budgets_dashboard
 from redline.dashboards.boards.model_drift import build_model_drift_dashboard
+from redline.dashboards.boards.quotas import build_quotas_dashboard
 from redline.dashboards.boards.red_lines import build_red_lines_dashboard
 from redline.dashboards.boards.remediation import build_remediation_dashboard
 from redline.dashboards.boards.rpo import build_rpo_dashboard
@@ -28,6 +29,7 @@ BUILDERS: dict[str, Callable[[Spec], Dashboard]] = {
     "model-drift.json": build_model_drift_dashboard,
     "remediation.json": build_remediation_dashboard,
     "spot.json": build_spot_dashboard,
+    "quotas.json": build_quotas_dashboard,
 }
 """File name of each generated dashboard and its builder, in a stable order."""
 

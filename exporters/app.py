@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 
 from redline.core.created import apply_created_series
 from redline.core.settings import SettingsError, read_secret
+from redline.exporters.consistency import build_consistency_probes
 from redline.exporters.drift import (
     DriftProbe,
     NpyReference,
@@ -54,7 +55,9 @@ from redline.exporters.index_staleness import IndexStalenessProbe
 from redline.exporters.keepalive import KeepaliveProbe
 from redline.exporters.llm_probes import build_llm_probes
 from redline.exporters.models import ModelVersionsProbe
+from redline.exporters.mutation import CanaryFileError, build_mutation_probes
 from redline.exporters.probe import Probe, ProbeCache
+from redline.exporters.session_crdt import SessionCrdtProbe
 from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
 from redline.platform.golden import GoldenSetError
@@ -215,6 +218,8 @@ def build_probes(
     try:
         probes.extend(_model_probes(settings, shared))
         probes.extend(_llm_probes(settings, spec, shared))
+        probes.extend(_consistency_probes(settings, spec))
+        probes.extend(_mutation_probes(settings, spec, shared))
         probes.extend(_index_probes(settings))
         if settings.session_rpo.enabled:
             probes.append(SessionRpoProbe.from_settings(settings.session_rpo, settings.redis_url))
@@ -222,8 +227,17 @@ def build_probes(
             probes.append(
                 KeepaliveProbe.from_settings(settings.keepalive, settings.redis_url, spec)
             )
+        if settings.session_crdt.enabled:
+            probes.append(SessionCrdtProbe.from_settings(settings.session_crdt))
         probes.extend(_drift_probes(settings, spec))
-    except (ValueError, DriftError, DeltaLogError, SettingsError, GoldenSetError) as exc:
+    except (
+        ValueError,
+        DriftError,
+        DeltaLogError,
+        SettingsError,
+        GoldenSetError,
+        CanaryFileError,
+    ) as exc:
         for probe in probes:
             _close(probe)
         raise ProbeConfigError(str(exc)) from None
@@ -254,6 +268,35 @@ def _llm_probes(settings: ExporterSettings, spec: Spec, shared: Shared) -> list[
     return list(
         build_llm_probes(settings.endpoints, settings.golden_set, shared.versions, shared.tally)
     )
+
+
+def _consistency_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
+    section = settings.consistency
+    if not section.enabled:
+        return []
+    embeddings = section.embeddings
+    key = read_secret(
+        embeddings.api_key_file, embeddings.api_key, "consistency.embeddings.api_key_file"
+    )
+    return list(
+        build_consistency_probes(
+            section,
+            spec.regions,
+            settings.endpoints.upstreams,
+            key.get_secret_value() if key is not None else None,
+        )
+    )
+
+
+def _mutation_probes(settings: ExporterSettings, spec: Spec, shared: Shared) -> list[Probe]:
+    section = settings.mutation
+    unknown = sorted(set(section.upstreams) - set(spec.regions))
+    if section.enabled and unknown:
+        raise ProbeConfigError(
+            f"mutation.upstreams: regions {', '.join(unknown)} are not in the spec's regions "
+            f"({', '.join(spec.regions)})"
+        )
+    return list(build_mutation_probes(section, settings.redis_url, shared.versions))
 
 
 def _index_probes(settings: ExporterSettings) -> list[Probe]:

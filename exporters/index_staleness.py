@@ -33,6 +33,7 @@ import redis
 
 from redline.exporters.probe import MetricDef, Sample
 from redline.platform.index import (
+    ConflictMap,
     DeltaLog,
     IndexConfig,
     IndexWriter,
@@ -56,6 +57,7 @@ REDLINE_METRICS = (
     MetricDef.of(catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL),
     MetricDef.of(catalog.VECTORDB_DELTA_LOG_ENTRIES),
     MetricDef.of(catalog.VECTORDB_DELTA_LOG_MEMORY_BYTES),
+    MetricDef.of(catalog.VECTORDB_ID_CONFLICTS_TOTAL),
 )
 EXTERNAL_METRICS = (MetricDef.of(catalog.VECTORDB_INDEX_STALENESS_SECONDS),)
 
@@ -89,6 +91,7 @@ class IndexStalenessProbe:
             redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
         )
         self.log = DeltaLog(self.redis, config.collection, config.dim)
+        self.conflicts = ConflictMap(self.redis, config.collection)
         self.primary = MilvusTarget(config.primary, config.dim, timeout_seconds, config.metric_type)
         self.replica = MilvusTarget(config.replica, config.dim, timeout_seconds, config.metric_type)
         self.writer = IndexWriter(
@@ -137,6 +140,15 @@ class IndexStalenessProbe:
             Sample(catalog.VECTORDB_DELTA_LOG_REPLAYED_TOTAL.family, float(state.replayed), labels),
             Sample(catalog.VECTORDB_DELTA_LOG_ENTRIES.family, float(info.length), collection),
             Sample(catalog.VECTORDB_DELTA_LOG_MEMORY_BYTES.family, float(memory), collection),
+            # conflicts of two writing regions, read from the conflict map (zero with one writer)
+            *(
+                Sample(
+                    catalog.VECTORDB_ID_CONFLICTS_TOTAL.family,
+                    float(count),
+                    {**collection, "resolution": resolution},
+                )
+                for resolution, count in self.conflicts.counts().items()
+            ),
         ]
 
     # redline's replication -------------------------------------------------------------------

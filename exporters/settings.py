@@ -23,9 +23,12 @@ from pydantic import (
 from pydantic_settings import SettingsConfigDict
 
 from redline.core.settings import ServiceSettings, SettingsError, load_settings_file
+from redline.exporters.consistency import ConsistencySettings
 from redline.exporters.evaluations import EvaluationsSettings
 from redline.exporters.keepalive import KeepaliveSettings
 from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
+from redline.exporters.mutation import MutationSettings
+from redline.exporters.session_crdt import SessionCrdtSettings
 from redline.exporters.session_rpo import SessionRpoSettings
 from redline.platform.index import IndexTargetsFields
 
@@ -117,10 +120,13 @@ class ExporterSettings(ServiceSettings):
     models: ModelsSection = Field(default_factory=ModelsSection)
     endpoints: EndpointProbeSettings = Field(default_factory=EndpointProbeSettings)
     golden_set: GoldenSetSettings = Field(default_factory=GoldenSetSettings)
+    consistency: ConsistencySettings = Field(default_factory=ConsistencySettings)
+    mutation: MutationSettings = Field(default_factory=MutationSettings)
     evaluations: EvaluationsSettings = Field(default_factory=EvaluationsSettings)
     index_staleness: IndexStalenessSection = Field(default_factory=IndexStalenessSection)
     session_rpo: SessionRpoSettings = Field(default_factory=SessionRpoSettings)
     keepalive: KeepaliveSettings = Field(default_factory=KeepaliveSettings)
+    session_crdt: SessionCrdtSettings = Field(default_factory=SessionCrdtSettings)
     drift: DriftSection = Field(default_factory=DriftSection)
 
     @property

@@ -2,7 +2,7 @@
 
 `build_registry(settings)` is the default factory: it registers the built-in playbooks
 (`semantic_rollback`, `freeze_writes`, `delta_log_replay`, `freeze_and_replay`, `reroute`,
-`spot_drain`),
+`spot_drain`, `rollback_candidate`),
 constructed from the settings sections `serving`, `rollback`, `vector_index` and `reroute` (and
 the spec, for the reroute's restore limits). A playbook whose section is not configured is still
 registered; `redline remediation` refuses to start while an enabled one (mode act or shadow)
@@ -23,6 +23,7 @@ from redline.remediation.playbooks import (
     FreezeAndReplay,
     FreezeWrites,
     Reroute,
+    RollbackCandidate,
     SemanticRollback,
     SpotDrain,
 )
@@ -55,6 +56,7 @@ def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
                 settings.spec,
                 settings.profile,
             ),
+            RollbackCandidate(state, retention),
         ]
     )
 

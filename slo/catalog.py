@@ -162,6 +162,53 @@ LLM_GATEWAY_NODE_DRAINING = Metric(
     (LABEL_NODE,),
 )
 
+# --- quotas: semantic rate limiting by tokens and intent (design notes 4.2) -----------------
+LABEL_TENANT = "tenant"
+LABEL_INTENT = "intent"
+QUOTA_LABELS = (LABEL_TENANT, LABEL_INTENT, LABEL_OUTCOME)
+QUOTA_OUTCOMES = ("admitted", "throttled", "downgraded", "unlimited")
+"""`outcome` of the quota series: drawn from a bucket, rejected (429), sent to the lighter
+model, or matched by no limit."""
+LLM_QUOTA_REQUESTS_TOTAL = Metric(
+    "llm_quota_requests_total",
+    "counter",
+    "Requests checked against the token quotas, by tenant, intent and outcome.",
+    QUOTA_LABELS,
+)
+LLM_QUOTA_TOKENS_TOTAL = Metric(
+    "llm_quota_tokens_total",
+    "counter",
+    "Estimated tokens of the requests checked against the quotas, by outcome.",
+    QUOTA_LABELS,
+)
+LLM_QUOTA_REFUNDED_TOKENS_TOTAL = Metric(
+    "llm_quota_refunded_tokens_total",
+    "counter",
+    "Reserved tokens given back to the buckets when the real usage was below the estimate.",
+    (LABEL_TENANT, LABEL_INTENT),
+)
+LLM_QUOTA_UTILISATION_RATIO = Metric(
+    "llm_quota_utilisation_ratio",
+    "gauge",
+    "Share of the bucket's capacity in use after the last request (above 1: overdrawn by a "
+    "long prompt's elastic factor).",
+    (LABEL_TENANT, LABEL_INTENT),
+)
+LLM_QUOTA_STORE_FAILURES_TOTAL = Metric(
+    "llm_quota_store_failures_total",
+    "counter",
+    "Quota checks Redis could not answer, by what the gateway did (fail_open, fail_closed).",
+    ("action",),
+)
+LLM_TOKEN_ESTIMATE_ERROR_RATIO = Metric(
+    "llm_token_estimate_error_ratio",
+    "histogram",
+    "(estimate - actual) / actual of a request's tokens, estimated before it ran, against the "
+    "usage the upstream reported; `kind` prompt or total (prompt + completion).",
+    (LABEL_INTENT, "kind"),
+    (-0.75, -0.5, -0.25, -0.15, -0.08, -0.04, 0.0, 0.04, 0.08, 0.15, 0.25, 0.5, 1.0, 2.0),
+)
+
 # --- endpoint probes and accuracy ----------------------------------------------------------
 LLM_PROBE_SUCCESS = Metric(
     "llm_probe_success",
@@ -186,6 +233,50 @@ LLM_EVAL_CORRECT_TOTAL = Metric(
     "counter",
     "Golden prompts answered correctly, by model and serving version.",
     VERSION_LABELS,
+)
+LLM_CROSS_REGION_OUTPUT_AGREEMENT_RATIO = Metric(
+    "llm_cross_region_output_agreement_ratio",
+    "gauge",
+    "Share of canary prompts whose normalised answer hash is the same on the primary and the "
+    "region (temperature 0).",
+    (LABEL_MODEL, LABEL_REGION),
+)
+LLM_CROSS_REGION_EMBEDDING_SIMILARITY = Metric(
+    "llm_cross_region_embedding_similarity",
+    "gauge",
+    "Mean cosine similarity of the embeddings of the primary's and the region's answers to the "
+    "canary prompts.",
+    (LABEL_MODEL, LABEL_REGION),
+)
+LLM_CROSS_REGION_EMBEDDING_SIMILARITY_MIN = Metric(
+    "llm_cross_region_embedding_similarity_min",
+    "gauge",
+    "Lowest cosine similarity of the primary's and the region's answers to one canary prompt.",
+    (LABEL_MODEL, LABEL_REGION),
+)
+
+# --- output consistency over time (canary answers against the accepted ones) ---------------
+MUTATION_LABELS = (LABEL_MODEL, LABEL_MODEL_VERSION, LABEL_REGION, "prompt")
+LLM_OUTPUT_CONSISTENCY_CHANGES = Metric(
+    "llm_output_consistency_changes",
+    "gauge",
+    "Tokens inserted or deleted (Myers diff, after normalisation) between a canary's last answer "
+    "and its accepted answer; 0 when they agree.",
+    MUTATION_LABELS,
+)
+LLM_OUTPUT_MUTATION_SCORE = Metric(
+    "llm_output_mutation_score",
+    "gauge",
+    "Changed-token ratio of a canary's last answer against its accepted one, weighted towards "
+    "short answers (0: same, 1: all changed).",
+    MUTATION_LABELS,
+)
+LLM_OUTPUT_CONSISTENCY_DIFF_INFO = Metric(
+    "llm_output_consistency_diff_info",
+    "gauge",
+    "1 while a canary's last answer differs from its accepted one; `diff` holds the normalised "
+    "diff, truncated.",
+    (*MUTATION_LABELS, "diff"),
 )
 
 # --- model versions, baselines, checkpoints ------------------------------------------------
@@ -258,6 +349,13 @@ VECTORDB_DELTA_LOG_MEMORY_BYTES = Metric(
     "Redis memory of the delta log stream (MEMORY USAGE, sampled estimate).",
     (LABEL_COLLECTION,),
 )
+VECTORDB_ID_CONFLICTS_TOTAL = Metric(
+    "vectordb_id_conflicts_total",
+    "counter",
+    "Vector ids written by two regions with different content, per resolution (records of the "
+    "conflict map).",
+    (LABEL_COLLECTION, "resolution"),
+)
 
 # --- sessions -------------------------------------------------------------------------------
 SESSION_CDC_RPO_SECONDS = Metric(
@@ -281,6 +379,25 @@ SESSION_CONTEXT_EVICTED_TOTAL = Metric(
     "session_context_evicted_total",
     "counter",
     "Session keys expired or evicted before the keep-alive minimum.",
+)
+SESSION_CRDT_DIVERGENT_SESSIONS = Metric(
+    "session_crdt_divergent_sessions",
+    "gauge",
+    "CRDT sessions whose state digests differ between regions (changed within the probe's "
+    "window, none in the last settle seconds).",
+)
+SESSION_CRDT_SYNC_LAG_SECONDS = Metric(
+    "session_crdt_sync_lag_seconds",
+    "gauge",
+    "Age of the oldest CRDT session delta of the source region not yet merged into the target "
+    "(the RPO of session sync; 0 when none).",
+    ("source_region", "target_region"),
+)
+SESSION_CRDT_CONVERGENCE_SECONDS = Metric(
+    "session_crdt_convergence_seconds",
+    "gauge",
+    "Duration of the last divergence between regions, from the first sample with divergent "
+    "CRDT sessions to the first without (0 before any).",
 )
 
 # --- embedding drift ------------------------------------------------------------------------

@@ -32,6 +32,7 @@ PlaybookName = Literal[
     "freeze_and_replay",
     "reroute",
     "spot_drain",
+    "rollback_candidate",
 ]
 """Every playbook the remediation receiver knows; a spec naming another one is rejected."""
 
@@ -127,13 +128,18 @@ class RpoTarget(_Model):
 
 
 class Rpo(_Model):
-    """Recovery-point targets for adapters, session state and the index delta log."""
+    """Recovery-point targets for adapters, session state (CDC and CRDT sync) and the index
+    delta log."""
 
     lora_adapter: RpoTarget = Field(
         default_factory=lambda: RpoTarget(max_seconds=90, checkpoint_interval_seconds=120)
     )
     session_state: RpoTarget = Field(default_factory=lambda: RpoTarget(max_seconds=3))
     embedding_index: RpoTarget = Field(default_factory=lambda: RpoTarget(max_seconds=12))
+    session_crdt: RpoTarget = Field(
+        default_factory=lambda: RpoTarget(max_seconds=5),
+        description="CRDT session sync between regions: age of the oldest delta not yet merged.",
+    )
 
 
 class Rollback(_Model):
@@ -162,6 +168,12 @@ class Rollback(_Model):
     )
     for_seconds: int = Field(0, ge=0, description="How long the gate must hold before firing.")
     playbook: PlaybookName = Field("semantic_rollback", description="Playbook run when it fires.")
+    on_mutation: bool = Field(
+        False,
+        description="Also run the playbook when a canary's answer mutates "
+        "(OutputConsistencyMutation) without the two signals; false: a mutation only records a "
+        "rollback candidate, and rolls back early only while the gate's conditions hold.",
+    )
 
 
 class SlowRequestsSli(_Model):
@@ -721,6 +733,151 @@ class Breakers(_Model):
         return value
 
 
+class MaturityBars(_Model):
+    """The bars of the report's disaster-recovery maturity assessment (design notes §5)."""
+
+    semantic_similarity_min: float = Field(
+        0.97,
+        gt=0,
+        le=1,
+        description="Level 2 (semantic consistency): the mean embedding similarity of the "
+        "primary's and each backup's answers to the canary prompts over the report period "
+        "must be at least this.",
+    )
+
+
+# -- quotas: semantic rate limiting by tokens and intent (design notes 4.2) ---------------------
+
+IntentName = Literal["summarise", "translate", "code", "sql", "chat", "extraction"]
+"""Every request intent the gateway's classifiers answer."""
+
+INTENT_NAMES: tuple[str, ...] = get_args(IntentName)
+ANY = "*"
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class QuotaLimit(_Model):
+    """One token bucket per tenant: `tokens_per_minute` refill, `burst` capacity."""
+
+    tenant: str = Field(ANY, description="A tenant name, or * for a bucket per tenant.")
+    intent: str = Field(ANY, description=f"One of {', '.join(INTENT_NAMES)}, or * for any.")
+    model: str | None = Field(
+        None, description="Only requests for this model (one of quotas.models); unset: any."
+    )
+    tokens_per_minute: PositiveInt = Field(description="Refill rate of the bucket.")
+    burst: PositiveInt | None = Field(
+        None, description="Capacity of the bucket (unset: tokens_per_minute)."
+    )
+    safety_buffer_tokens: int = Field(
+        0, ge=0, description="Tokens reserved on top of each request's estimate (refunded)."
+    )
+    overflow: Literal["reject", "downgrade"] = Field(
+        "reject", description="reject: 429 with Retry-After; downgrade: serve downgrade_to."
+    )
+    downgrade_to: str | None = Field(
+        None, description="The lighter model an overflowing request is sent to (downgrade)."
+    )
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_name(cls, value: str) -> str:
+        if value != ANY and not _TENANT.match(value):
+            raise ValueError(f"tenant {value!r} must be * or letters, digits, '_', '.', '-'")
+        return value
+
+    @field_validator("intent")
+    @classmethod
+    def _known_intent(cls, value: str) -> str:
+        if value != ANY and value not in INTENT_NAMES:
+            allowed = ", ".join((*INTENT_NAMES, ANY))
+            raise ValueError(f"unknown intent {value!r}; allowed: {allowed}")
+        return value
+
+    @model_validator(mode="after")
+    def _downgrade_target(self) -> QuotaLimit:
+        if self.overflow == "downgrade" and self.downgrade_to is None:
+            raise ValueError("overflow: downgrade needs downgrade_to (the lighter model)")
+        if self.overflow == "reject" and self.downgrade_to is not None:
+            raise ValueError("downgrade_to is only used with overflow: downgrade")
+        return self
+
+    @property
+    def capacity(self) -> int:
+        """The bucket's capacity in tokens."""
+        return self.burst if self.burst is not None else self.tokens_per_minute
+
+
+class QuotaTenants(_Model):
+    """Who a request belongs to: its API key (a key -> tenant file) first, then a header."""
+
+    api_keys_file: SecretFile | None = Field(
+        None,
+        description="YAML/JSON mapping of API key -> tenant (the bearer token or x-api-key); "
+        "keys are read from this file only, never inline.",
+    )
+    header: str | None = Field(
+        "x-redline-tenant", pattern=r"^[a-z0-9-]+$", description="Header naming the tenant."
+    )
+    default: str = Field(
+        "anonymous", pattern=_TENANT.pattern, description="The tenant of any other request."
+    )
+
+
+class Elastic(_Model):
+    """Long prompts may overdraw the bucket: factor 1 + slope x prompt / per_tokens, capped."""
+
+    slope: float = Field(0.3, ge=0, description="Factor added per `per_tokens` prompt tokens.")
+    per_tokens: PositiveInt = Field(500, description="Prompt tokens per `slope` of factor.")
+    max_factor: float = Field(
+        2.0, ge=1, le=2, description="Cap of the factor (the notes: at most 2x)."
+    )
+
+
+class Quotas(_Model):
+    """Token quotas per tenant x intent in the gateway (design notes 4.2).
+
+    Each request is classified (intent), its tokens estimated before it runs (prompt +
+    expected completion + the limit's safety buffer) and drawn from the buckets of every limit
+    that matches it (held in Redis, shared by all gateway replicas); the reservation is settled
+    against the usage the upstream reports. A long prompt may overdraw a bucket by
+    (factor - 1) x burst (`elastic`). An empty bucket rejects (429, Retry-After) or downgrades.
+    """
+
+    enabled: bool = Field(False, description="Whether the gateway enforces the quotas.")
+    models: tuple[str, ...] = Field(
+        (), description="The models the gateway serves: downgrade targets and `model` scopes."
+    )
+    tenants: QuotaTenants = Field(default_factory=QuotaTenants)
+    limits: tuple[QuotaLimit, ...] = Field(())
+    elastic: Elastic = Field(default_factory=Elastic)
+    on_store_error: Literal["fail_open", "fail_closed"] = Field(
+        "fail_open",
+        description="Redis unreachable: admit (fail_open) or reject with 503 (fail_closed).",
+    )
+    completion_quantile: float = Field(
+        0.9, gt=0, lt=1, description="Expected completion: this quantile of the intent's."
+    )
+    default_completion_tokens: PositiveInt = Field(
+        256, description="Expected completion before an intent has samples (capped by max_tokens)."
+    )
+    throttle_alert_ratio: float = Field(
+        0.2, gt=0, lt=1, description="QuotaThrottlingSustained above this throttled share."
+    )
+    throttle_alert_for: Duration = Field("10m", description="... sustained this long.")
+
+    @model_validator(mode="after")
+    def _known_models(self) -> Quotas:
+        allowed = ", ".join(self.models) or "none: list the served models in quotas.models"
+        for index, limit in enumerate(self.limits):
+            for name in ("model", "downgrade_to"):
+                value = getattr(limit, name)
+                if value is not None and value not in self.models:
+                    raise ValueError(
+                        f"quotas.limits.{index}.{name}: unknown model {value!r}; allowed: {allowed}"
+                    )
+        return self
+
+
 DEFAULT_TRACE_URL = "http://localhost:16686/trace/${__value.raw}"
 
 
@@ -781,6 +938,12 @@ class Spec(_Model):
     )
     tracing: Tracing = Field(
         default_factory=Tracing, description="The trace backend the exemplar links open."
+    )
+    quotas: Quotas = Field(
+        default_factory=Quotas, description="Token quotas per tenant x intent in the gateway."
+    )
+    maturity: MaturityBars = Field(
+        default_factory=MaturityBars, description="Bars of the report's maturity assessment."
     )
 
     @field_validator("regions")

@@ -37,6 +37,8 @@ from redline.platform.index import (
     MilvusTarget,
     Replicator,
     VectorIndexError,
+    decode_vector_id,
+    format_vector_id,
     freeze_writes,
     replay_delta_log,
     trim_delta_log,
@@ -468,6 +470,33 @@ def write_demo(
             ),
             markup=False,
         )
+
+
+@index_app.command("new-id")
+def new_id(
+    count: Annotated[int, typer.Option("--count", help="Ids to print.", min=1)] = 1,
+    config: ConfigOpt = None,
+    region_code: Annotated[
+        int | None, typer.Option("--region-code", help="Region code (0-63).", show_default=False)
+    ] = None,
+    node_id: Annotated[
+        int | None, typer.Option("--node-id", help="Node id (0-63).", show_default=False)
+    ] = None,
+) -> None:
+    """Print generated vector ids (time ms | region | node | sequence) with their parts, as JSON
+    lines; no Redis or Milvus needed."""
+    try:
+        settings = load_settings(
+            IndexSettings, config, **_common(region_code=region_code, node_id=node_id)
+        )
+    except SettingsError as exc:
+        raise fail(str(exc), 2) from None
+    generator = settings.id_generator()
+    for _ in range(count):
+        value = generator.next_id()
+        parts = decode_vector_id(value)
+        out.print(json.dumps({"id": value, "varchar": format_vector_id(value), **asdict(parts)}),
+                  markup=False)  # fmt: skip
 
 
 def register(app: typer.Typer) -> None:

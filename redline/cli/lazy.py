@@ -30,6 +30,7 @@ LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli.report": ("report",),
     "redline.cli.dashboards": ("dashboards",),
     "redline.cli.compose": ("compose",),
+    "redline.cli.prompts": ("prompts",),
 }
 """Module → the top-level commands its `register(app)` adds."""
 

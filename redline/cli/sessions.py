@@ -1,4 +1,5 @@
-"""`redline sessions …`: run the session replica consumer, generate demo traffic, show the RPO."""
+"""`redline sessions …`: run the session replica consumer or the CRDT sync between regions,
+generate demo traffic (CDC or CRDT), show the RPO."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ import typer
 from rich.console import Console
 
 from redline.core.settings import SettingsError, load_settings
+from redline.platform.session_sync import (
+    CrdtSessionStore,
+    SessionSync,
+    SessionSyncSettings,
+)
 from redline.platform.sessions import (
     REDIS_CONNECTION_ERRORS,
     CdcTargetError,
@@ -205,6 +211,116 @@ def status(
         markup=False,
         highlight=False,
     )
+
+
+def _sync_settings(config: Path | None, **overrides: object) -> SessionSyncSettings:
+    try:
+        settings = load_settings(SessionSyncSettings, config, **overrides)
+    except SettingsError as exc:
+        err.print(str(exc), markup=False, highlight=False)
+        raise typer.Exit(2) from None
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return settings
+
+
+RegionOpt = Annotated[str | None, typer.Option("--region", help="This region (CRDT).")]
+
+
+@sessions_app.command()
+def sync(
+    redis_url: Annotated[
+        str | None, typer.Option("--redis-url", help="This region's session Redis.")
+    ] = None,
+    source_url: Annotated[
+        str | None, typer.Option("--source-url", help="The other region's session Redis.")
+    ] = None,
+    region: RegionOpt = None,
+    source_region: Annotated[
+        str | None, typer.Option("--source-region", help="The region to merge from.")
+    ] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Merge the other region's CRDT session deltas into this region until SIGTERM/Ctrl-C."""
+    s = _sync_settings(
+        config,
+        redis_url=redis_url,
+        source_url=source_url,
+        region=region,
+        source_region=source_region,
+    )
+    local = open_redis(s.redis_url, timeout_seconds=s.sync_timeout_seconds)
+    remote = open_redis(s.source_url, timeout_seconds=s.sync_timeout_seconds)
+    try:
+        worker = SessionSync(
+            CrdtSessionStore(remote, s.source_region, s.layout, s.crdt_ttl_seconds),
+            CrdtSessionStore(local, s.region, s.layout, s.crdt_ttl_seconds),
+            batch_size=s.sync_batch_size,
+            block_ms=s.sync_block_ms,
+            trim=s.sync_trim,
+            session_delay_seconds=s.sync_session_delay_seconds,
+        )
+        console.print(
+            f"session sync: {worker.name} from checkpoint {worker.checkpoint()}",
+            markup=False,
+            highlight=False,
+        )
+        with _stop_on_signals() as stop:
+            worker.run(stop)
+        st = worker.stats
+        console.print(
+            f"session sync {worker.name} stopped: {st.entries} deltas, {st.sessions} session "
+            f"merges, {st.changed} elements changed",
+            markup=False,
+            highlight=False,
+        )
+    finally:
+        local.close()
+        remote.close()
+
+
+def _crdt_traffic(
+    store: CrdtSessionStore, stop: threading.Event, sessions: int, rate: float, duration: float
+) -> int:
+    rng = random.Random(store.region)
+    written = 0
+    deadline = time.monotonic() + duration if duration else None
+    for n in itertools.count():
+        if stop.is_set() or (deadline is not None and time.monotonic() >= deadline):
+            break
+        session_id = f"crdt-demo-{n % sessions:04d}"
+        try:
+            if n % 5 == 4:
+                store.set_variable(session_id, "topic", rng.choice(["billing", "travel", "code"]))
+            else:
+                store.add_message(session_id, f"{store.region}-{n}", rng.choice(["hi", "why?"]))
+            written += 1
+        except REDIS_CONNECTION_ERRORS as exc:
+            log.warning("session write failed: %s", exc)
+        stop.wait(1.0 / rate)
+    return written
+
+
+@sessions_app.command("crdt-writer")
+def crdt_writer(
+    redis_url: RedisUrlOpt = None,
+    region: RegionOpt = None,
+    sessions: Annotated[int, typer.Option(min=1, help="Distinct demo sessions.")] = 20,
+    rate: Annotated[float, typer.Option(min=0.1, help="Writes per second.")] = 10.0,
+    duration: Annotated[float, typer.Option(min=0, help="Seconds to run; 0: until Ctrl-C.")] = 0,
+    config: ConfigOpt = None,
+) -> None:
+    """Demo CRDT session traffic in one region: messages and a context variable per session."""
+    s = _sync_settings(config, redis_url=redis_url, region=region)
+    client = open_redis(s.redis_url, timeout_seconds=5.0)
+    try:
+        store = CrdtSessionStore(client, s.region, s.layout, s.crdt_ttl_seconds)
+        with _stop_on_signals() as stop:
+            written = _crdt_traffic(store, stop, sessions, rate, duration)
+    finally:
+        client.close()
+    console.print(f"wrote {written} CRDT session operations", markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -34,10 +34,12 @@ from redline.devstack.layout import (
     TRACE_STORE_PART,
     Endpoints,
     StackLayout,
+    build_session_sync_parts,
     check_source,
     has_gateway,
     pod_name,
     service_part,
+    session_sync_part,
     simulator_part,
 )
 from redline.devstack.multiregion import GLOBAL_PART, build_multiregion_configs, regional_part
@@ -327,6 +329,21 @@ def build_session_settings(endpoints: Endpoints) -> dict[str, Any]:
     }
 
 
+def build_session_sync_settings(endpoints: Endpoints, region: str) -> dict[str, Any]:
+    """Settings of the CRDT session sync into `region` from the other of the first two regions
+    (`redline sessions sync`): short reads, so a heal after a partition converges fast."""
+    urls = endpoints.crdt_session_urls
+    source = next(other for other in urls if other != region)
+    return {
+        "redis_url": urls[region],
+        "region": region,
+        "source_url": urls[source],
+        "source_region": source,
+        "sync_block_ms": 100,
+        "log_level": "info",
+    }
+
+
 def build_exporter_settings(
     spec: Spec, endpoints: Endpoints, layout: StackLayout, spec_path: Path | None
 ) -> dict[str, Any]:
@@ -360,6 +377,25 @@ def build_exporter_settings(
             "gateway_url": endpoints.client_url,
             "models": [ADAPTER],
         },
+        # The same canaries on every region's engine: the simulators answer alike (level 2 of
+        # the report's maturity) until a fault makes one region's answers differ.
+        "consistency": {
+            "enabled": True,
+            "interval_seconds": slow,
+            "timeout_seconds": 3.0,
+            "upstreams": endpoints.upstreams,
+            "models": [BASE_MODEL],
+        },
+        # The adapter's canary answers in every region against the accepted ones (drill
+        # `mutation`); only an operator accepts a changed answer.
+        "mutation": {
+            "enabled": True,
+            "interval_seconds": slow,
+            "timeout_seconds": 3.0,
+            "upstreams": endpoints.upstreams,
+            "models": [ADAPTER],
+            "accept_after": 0,
+        },
         "index_staleness": {
             "interval_seconds": fast,
             "collection": COLLECTION,
@@ -378,6 +414,13 @@ def build_exporter_settings(
         "keepalive": {
             "interval_seconds": slow,
             "replica_url": endpoints.session_replica_url,
+        },
+        # Divergence is judged on sessions quiet for a second (the sync reads every 0.1 s).
+        "session_crdt": {
+            "enabled": len(endpoints.regions) >= 2,
+            "interval_seconds": 0.5,
+            "regions": endpoints.crdt_session_urls,
+            "settle_seconds": 1.0,
         },
         "drift": {
             "interval_seconds": slow,
@@ -551,6 +594,14 @@ def build_part_commands(
             "session-writer",
             ("sessions", "writer", "--rate", "5", "--sessions", "50", *spec_args),
             build_session_settings(endpoints),
+        ),
+        *(
+            command(
+                part,
+                ("sessions", "sync"),
+                build_session_sync_settings(endpoints, part.removeprefix(session_sync_part(""))),
+            )
+            for part in build_session_sync_parts(endpoints.regions)
         ),
         command(
             "index-writer",

@@ -48,6 +48,12 @@ TAIL_PARTS = (
     "exporters",
     "loadgen",
 )
+SESSION_SYNC_PREFIX = "session-sync-"
+"""The CRDT session sync into a region (`session-sync-<region>`): one per direction between
+the first two regions, each region's CRDT sessions in a Redis database of its own."""
+CRDT_SESSION_DBS = (0, 2)
+"""Redis databases of the first and second region's CRDT session stores (db 1 is the CDC
+replica)."""
 HTTP_PARTS = frozenset({TRACE_STORE_PART, "gateway", "remediation", "exporters"})
 OPTIONAL_PARTS = frozenset({TRACE_STORE_PART})
 """Ported parts a run may go without: a state file written before the part existed, or a stack
@@ -122,8 +128,24 @@ def check_source(source: str) -> None:
         )
 
 
-def _tail_parts(source: str) -> tuple[str, ...]:
-    return TAIL_PARTS if has_gateway(source) else tuple(p for p in TAIL_PARTS if p != GATEWAY_PART)
+def session_sync_part(region: str) -> str:
+    """The part name of the CRDT session sync into `region`."""
+    return f"{SESSION_SYNC_PREFIX}{region}"
+
+
+def build_session_sync_parts(regions: Sequence[str]) -> tuple[str, ...]:
+    """The two sync directions between the first two regions (into the second, then back);
+    none with fewer than two regions."""
+    if len(regions) < 2:
+        return ()
+    first, second = regions[0], regions[1]
+    return (session_sync_part(second), session_sync_part(first))
+
+
+def _tail_parts(source: str, regions: Sequence[str]) -> tuple[str, ...]:
+    tail = TAIL_PARTS if has_gateway(source) else tuple(p for p in TAIL_PARTS if p != GATEWAY_PART)
+    at = tail.index("session-writer") + 1
+    return (*tail[:at], *build_session_sync_parts(regions), *tail[at:])
 
 
 def _http_parts(source: str) -> list[str]:
@@ -138,7 +160,7 @@ def build_part_names(
 ) -> tuple[str, ...]:
     """Every part in start order (stop order is the reverse); no gateway for an engine source."""
     services = build_service_parts(prometheus_regions)
-    return (*services, *build_serving_parts(regions, pods), *_tail_parts(source))
+    return (*services, *build_serving_parts(regions, pods), *_tail_parts(source, regions))
 
 
 def build_ported_parts(
@@ -292,6 +314,13 @@ class Endpoints:
     def session_replica_url(self) -> str:
         """The session replica store (db 1 of the same server)."""
         return f"redis://{self.address('redis')}/1"
+
+    @property
+    def crdt_session_urls(self) -> dict[str, str]:
+        """The first two regions' CRDT session stores (databases of the stack's Redis)."""
+        base = f"redis://{self.address('redis')}"
+        pairs = zip(self.regions[:2], CRDT_SESSION_DBS, strict=False)
+        return {region: f"{base}/{db}" for region, db in pairs}
 
     @property
     def prometheus_url(self) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from redline.devstack.errors import StackError
 from redline.devstack.fakes.service import HEALTH_PATH as SERVICE_HEALTH_PATH
 from redline.devstack.interrupts import InterruptGuard
+from redline.devstack.layout import SESSION_SYNC_PREFIX
 from redline.devstack.processes import (
     Process,
     ServiceError,
@@ -35,6 +36,8 @@ READY_PATHS = {
     "remediation": "/readyz",
     "trace-store": "/healthz",
 }
+SESSION_SYNC_MARKER = "session sync:"
+"""What a CRDT session sync part logs once it runs."""
 LOG_MARKERS = {
     "replicator": "replicating",
     "session-replica": "session replica:",
@@ -139,6 +142,8 @@ def _ready_check(part: PartState) -> Callable[[], bool]:
     if part.name.startswith("service-"):
         path = SERVICE_HEALTH_PATH
     marker = LOG_MARKERS.get(part.name)
+    if part.name.startswith(SESSION_SYNC_PREFIX):
+        marker = SESSION_SYNC_MARKER
     settle = time.monotonic() + 1.0
     if path is not None and part.url is not None:
         return http_ok(part.url + path)

@@ -34,10 +34,13 @@ from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, ValidationError
 
 from redline.core.created import apply_created_series
+from redline.gateway.intent import IntentConfigError
 from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.proxy import Gateway, openai_error
+from redline.gateway.quotas import QuotaConfigError, build_quota_gate
 from redline.gateway.settings import GatewayConfigError, GatewaySettings
 from redline.gateway.spot import SpotDrainRequest, SpotReleaseRequest
+from redline.gateway.tokens import TokenizerConfigError
 from redline.gateway.tracing import GatewayTracing, TracingConfigError
 from redline.platform.spot import AdminAuth, AdminRefusal
 from redline.slo.spec import Spec
@@ -118,7 +121,11 @@ def build_gateway_app(
             tracing = GatewayTracing.from_settings(settings.tracing)
         except TracingConfigError as exc:
             raise GatewayConfigError(str(exc)) from None
-    gateway = Gateway(settings, metrics, breakers, tracing)
+    try:
+        quotas = build_quota_gate(settings, spec.quotas, registry)
+    except (QuotaConfigError, TokenizerConfigError, IntentConfigError) as exc:
+        raise GatewayConfigError(str(exc)) from None
+    gateway = Gateway(settings, metrics, breakers, tracing, quotas)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -132,6 +139,8 @@ def build_gateway_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
             await gateway.stop()
+            if quotas is not None:
+                await quotas.aclose()
             if own_tracing:
                 # The batch processor's last spans go out (a blocking flush, once, at exit).
                 gateway.tracing.shutdown()

@@ -62,6 +62,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redline.gateway.metrics import REROUTE_REASONS, GatewayMetrics
+from redline.gateway.quotas import Admission, QuotaGate, QuotaTicket, rewrite_model
 from redline.gateway.routing import RegionRouter
 from redline.gateway.settings import GatewaySettings
 from redline.gateway.spot import Inflight, Refusal, SpotControl
@@ -75,6 +76,7 @@ from redline.gateway.upstream import (
     UpstreamTimeoutError,
 )
 from redline.platform.golden import MODEL_VERSION_HEADER
+from redline.platform.promptlog import build_prompt_log_writer
 from redline.platform.routing import REROUTED_HEADER, SERVED_REGION_HEADER
 from redline.platform.snapshots import UNKNOWN_VERSION, ActiveVersions, SnapshotRegistry
 from redline.platform.spot import (
@@ -148,6 +150,7 @@ class _Request:
     request_id: str = ""
     retry_safe: bool = True
     trace: RequestTrace | None = None
+    quota: QuotaTicket | None = None
 
 
 def openai_error(status: int, message: str, kind: str) -> JSONResponse:
@@ -165,10 +168,12 @@ class Gateway:
         metrics: GatewayMetrics,
         breakers: Breakers | None = None,
         tracing: GatewayTracing | None = None,
+        quotas: QuotaGate | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.tracing = tracing if tracing is not None else GatewayTracing()
+        self.quotas = quotas  # token quotas by tenant x intent (redline.gateway.quotas)
         self.router = RegionRouter(settings, metrics, breakers)
         self.spot = SpotControl(settings, metrics)
         self.regions = self.router.regions
@@ -178,6 +183,8 @@ class Gateway:
                 SnapshotRegistry(settings.snapshots_root), settings.version_ttl_seconds
             )
         self._pools: dict[str, UpstreamPool] = {}
+        # None unless prompt_log.enabled: then the only per-request cost is a queue put.
+        self.prompt_log = build_prompt_log_writer(settings.prompt_log, settings.redis_url)
 
     async def start(self) -> None:
         """Open the upstream pools, the routing reader and the ledger; read the routing once."""
@@ -193,6 +200,8 @@ class Gateway:
         }
         self.router.open()
         self.spot.open()
+        if self.prompt_log is not None:
+            self.prompt_log.start()
         await self.refresh_routing()
 
     async def stop(self) -> None:
@@ -203,6 +212,8 @@ class Gateway:
         self._pools = {}
         await self.router.close()
         await self.spot.close()
+        if self.prompt_log is not None:
+            await asyncio.to_thread(self.prompt_log.stop)  # writes what is still queued
 
     async def refresh_routing(self) -> None:
         """Read the routing state (the configured order while Redis fails); end lapsed drains."""
@@ -266,6 +277,13 @@ class Gateway:
             problem = self._inspect_body(req)
             if problem is not None:
                 return self._reject(started, 400, problem, record)
+        if self.quotas is not None and req.payload is not None:
+            admission = await self.quotas.admit(req.payload, request.headers, req.model)
+            if admission.refusal is not None:
+                return self._quota_refusal(started, admission, record)
+            if admission.model is not None:  # downgraded to the lighter model
+                req.body, req.model = rewrite_model(req.body, admission.model), admission.model
+            req.quota = admission.ticket
         resume = request.headers.get(RESUME_HEADER)
         client_id = request.headers.get(REQUEST_ID_HEADER)
         req.request_id = (resume or client_id or uuid.uuid4().hex)[:128]
@@ -330,6 +348,8 @@ class Gateway:
         first_token_at: float | None = None,
     ) -> None:
         """Record a finished request; end its trace, whose id is the latency's exemplar."""
+        if req.quota is not None and self.quotas is not None:
+            self.quotas.settle(req.quota, status, prompt_tokens, completion_tokens)
         trace_id = None
         if req.trace is not None:
             trace_id = req.trace.finish(
@@ -355,6 +375,14 @@ class Gateway:
                 started, "unknown", "none", "none", False, "unknown", refusal.status
             )
         return openai_error(refusal.status, refusal.message, refusal.kind)
+
+    def _quota_refusal(self, started: float, admission: Admission, record: bool) -> Response:
+        refusal = admission.refusal
+        assert refusal is not None
+        kind = "RateLimitError" if refusal.status == 429 else "ServiceUnavailableError"
+        answer = self._refuse(started, Refusal(refusal.status, refusal.message, kind), record)
+        answer.headers.update(refusal.headers)
+        return answer
 
     def _reject(self, started: float, status: int, message: str, record: bool) -> Response:
         return self._refuse(started, Refusal(status, message, "BadRequestError"), record)
@@ -606,6 +634,8 @@ class Gateway:
         if inflight.attempt > 1:
             headers[ATTEMPT_HEADER] = str(inflight.attempt)
             headers[RESUMED_HEADER] = "true" if resumed else "false"
+        if self.prompt_log is not None and record and response.status < 400:
+            self.prompt_log.submit(req.request_id, req.headers, req.payload, outcome.body)
         if outcome.body is not None:
             if record:
                 prompt, completion = _usage(outcome.body, response)

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
+from redline.platform.promptlog import PromptLogSettings
 from redline.platform.routing import DEFAULT_PREFIX
 from redline.platform.spot import DEFAULT_LEDGER_PREFIX
 from redline.slo.spec import Breakers
@@ -152,11 +153,44 @@ class GatewaySettings(ServiceSettings):
         description="Upstreams used only when every other one is closed, unhealthy or failed "
         "(an on-demand pool behind spot replicas).",
     )
+    prompt_log: PromptLogSettings = Field(
+        default_factory=PromptLogSettings,
+        description="The tamper-evident prompt log (redline.platform.promptlog; off unless "
+        "prompt_log.enabled): answered requests, redacted, appended by a background writer.",
+    )
     tracing: bool | None = Field(
         None,
         description="OpenTelemetry traces (redline.gateway.tracing, configured by the OTEL_* "
         "variables). Unset: on only when OTEL_EXPORTER_OTLP_ENDPOINT or "
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set; OTEL_SDK_DISABLED=true turns it off.",
+    )
+
+    quotas: bool | None = Field(
+        None,
+        description="Enforce the token quotas (intent classification, token estimation, Redis "
+        "buckets). Unset: as the spec's quotas.enabled (or quotas_file's) says.",
+    )
+    quotas_file: Path | None = Field(
+        None,
+        description="YAML file with a `quotas:` section replacing the spec's (validated as the "
+        "spec is), so quotas change without touching the spec.",
+    )
+    quota_key_prefix: str = Field(
+        "redline:quota:", min_length=1, description="Key prefix of the quota buckets in Redis."
+    )
+    intent_classifier: str | None = Field(
+        None,
+        description="Your intent classifier as 'module:attribute' (an object with "
+        "classify(payload) or a callable(payload) -> intent); unset: rules + naive Bayes.",
+    )
+    tokenizer: str | None = Field(
+        None, description="'tiktoken:<encoding>' to count prompt tokens with tiktoken."
+    )
+    tokenizer_file: Path | None = Field(
+        None, description="A HuggingFace tokenizers JSON file to count prompt tokens with."
+    )
+    max_tenant_labels: int = Field(
+        64, ge=1, description="Distinct header-named `tenant` label values kept."
     )
 
     @field_validator("upstreams")

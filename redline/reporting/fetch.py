@@ -27,6 +27,7 @@ from redline.slo import catalog
 from redline.slo.maths import HOUR
 from redline.slo.report import (
     AlertSamples,
+    CrossRegionFigures,
     GuardState,
     LiveSignals,
     RemediationCounts,
@@ -309,15 +310,24 @@ def remediation_guards_query(period: int) -> str:
 
 def live_query(period: int) -> str:
     """Probe coverage, probes' last state, golden-set evaluations, unrecoverable spot
-    interruptions (instant)."""
+    interruptions, cross-region similarity and output agreement per model and backup region
+    (instant)."""
     w = _dur(period)
     probe, interrupted = catalog.LLM_PROBE_SUCCESS, catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL
+    similarity = catalog.LLM_CROSS_REGION_EMBEDDING_SIMILARITY
+    lowest = catalog.LLM_CROSS_REGION_EMBEDDING_SIMILARITY_MIN
+    agreement = catalog.LLM_CROSS_REGION_OUTPUT_AGREEMENT_RATIO
+    # Replicas of the exporter measure the same pairs: averaged, the lowest reading kept.
+    pair = f"{catalog.LABEL_MODEL}, {catalog.LABEL_REGION}"
     return "\nor ".join(
         [
             _stat(f"count by (region, probe) (count_over_time({probe}[{w}]))", "seen"),
             _stat(f"min by (region, probe) (last_over_time({probe}[1h]))", "last"),
             _stat(f"sum(increase({catalog.LLM_EVAL_REQUESTS_TOTAL}[{w}]))", "evals"),
             _stat(f'sum(increase({interrupted}{{recoverable="false"}}[{w}]))', "spot"),
+            _stat(f"avg by ({pair}) (avg_over_time({similarity}[{w}]))", "similarity"),
+            _stat(f"min by ({pair}) (min_over_time({lowest}[{w}]))", "similarity_min"),
+            _stat(f"avg by ({pair}) (avg_over_time({agreement}[{w}]))", "agreement"),
         ]
     )
 
@@ -511,10 +521,13 @@ def fetch_live(client: PrometheusClient, window: Window) -> LiveSignals:
     failing: set[str] = set()
     evals: float | None = None
     spot: float | None = None
+    pairs: dict[tuple[str, str], dict[str, float]] = {}
     for labels, value in fetch_instant(client, live_query(window.seconds), window.end):
         stat = labels.get("stat")
         region, probe = labels.get("region", ""), labels.get("probe", "")
-        if stat == "seen":
+        if stat in ("similarity", "similarity_min", "agreement"):
+            pairs.setdefault((labels.get(catalog.LABEL_MODEL, ""), region), {})[stat] = value
+        elif stat == "seen":
             probes.setdefault(probe, set()).add(region)
         elif stat == "last" and value == 0:
             failing.add(f"{region}/{probe}")
@@ -527,6 +540,16 @@ def fetch_live(client: PrometheusClient, window: Window) -> LiveSignals:
         probes_failing_at_end=frozenset(failing),
         golden_evaluations=evals,
         spot_unrecoverable=spot,
+        cross_region=[
+            CrossRegionFigures(
+                model=model,
+                region=region,
+                similarity_mean=found.get("similarity"),
+                similarity_min=found.get("similarity_min"),
+                agreement_ratio=found.get("agreement"),
+            )
+            for (model, region), found in sorted(pairs.items())
+        ],
     )
 
 

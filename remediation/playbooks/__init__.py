@@ -6,12 +6,14 @@
 | `freeze_writes`, `delta_log_replay`, `freeze_and_replay` | `collection` | `index` |
 | `reroute` | `region` | `reroute` |
 | `spot_drain` | `node` | `spot` (options: `playbook_options.spot_drain`) |
+| `rollback_candidate` | `model` | `candidate` |
 
 Each takes its dependencies from a section of `RemediationSettings` (`serving`, `rollback`,
 `vector_index`, `reroute`) and talks to the platform through `redline.platform` adapters or
 over HTTP (`serving`), never through `redline.exporters`.
 """
 
+from redline.remediation.playbooks.candidate import RollbackCandidate
 from redline.remediation.playbooks.index import DeltaLogReplay, FreezeAndReplay, FreezeWrites
 from redline.remediation.playbooks.reroute import Reroute
 from redline.remediation.playbooks.rollback import SemanticRollback
@@ -22,6 +24,7 @@ __all__ = [
     "FreezeAndReplay",
     "FreezeWrites",
     "Reroute",
+    "RollbackCandidate",
     "SemanticRollback",
     "SpotDrain",
 ]

@@ -1,5 +1,5 @@
-"""Recovery-point objectives of LoRA adapters, session state and the index delta log: alerts,
-and the promtool cases that prove them."""
+"""Recovery-point objectives of LoRA adapters, session state (CDC and CRDT sync between
+regions), and the index delta log: alerts, and the promtool cases that prove them."""
 
 from __future__ import annotations
 
@@ -10,11 +10,17 @@ from redline.rules.promtool_cases import (
     AlertIndex,
     Case,
     constant,
+    counter,
     expected,
     series,
 )
 from redline.slo import catalog
 from redline.slo.spec import Spec
+
+ID_CONFLICTS_PER_MINUTE = 1.0
+"""Conflicts a minute (10-minute rate) above which two writing regions page someone: generated
+ids never conflict, so a steady stream means callers reuse ids across regions."""
+ID_CONFLICTS_FOR_SECONDS = 600.0
 
 
 def build_rules(spec: Spec) -> list[RuleGroup]:
@@ -60,6 +66,46 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
             rpo.embedding_index.playbook,
             rpo="embedding_index",
         ),
+        alert_rule(
+            spec,
+            "IndexIDConflictRate",
+            f"sum by (collection) (rate({catalog.VECTORDB_ID_CONFLICTS_TOTAL}[10m])) * 60 "
+            f"> {number(ID_CONFLICTS_PER_MINUTE)}",
+            ID_CONFLICTS_FOR_SECONDS,
+            "warning",
+            "Two regions keep writing the same vector ids of {{ $labels.collection }} with "
+            "different content",
+            f"{{{{ $value | humanize }}}} id conflicts a minute (over "
+            f"{number(ID_CONFLICTS_PER_MINUTE)}): each is re-mapped and recorded in the "
+            "conflict map; find the writers that supply their own ids.",
+        ),
+        alert_rule(
+            spec,
+            "SessionCrdtRPOBreach",
+            f"max by (source_region, target_region) ({catalog.SESSION_CRDT_SYNC_LAG_SECONDS}) "
+            f"> {number(rpo.session_crdt.max_seconds)}",
+            rpo.session_crdt.for_seconds,
+            "critical",
+            "CRDT session deltas of {{ $labels.source_region }} are not merged into "
+            "{{ $labels.target_region }} within the RPO",
+            f"The oldest unsynced session delta is {{{{ $value | humanize }}}}s old "
+            f"(RPO {number(rpo.session_crdt.max_seconds)} s): the sync between the regions is "
+            f"cut or behind.",
+            rpo.session_crdt.playbook,
+            rpo="session_crdt",
+        ),
+        alert_rule(
+            spec,
+            "SessionCrdtDivergence",
+            f"max({catalog.SESSION_CRDT_DIVERGENT_SESSIONS}) > 0",
+            rpo.session_crdt.for_seconds,
+            "warning",
+            "CRDT sessions differ between regions after the sync delay",
+            "{{ $value | humanize }} recently changed sessions hold different states in the "
+            "regions: the sync between them is cut, behind or failing.",
+            rpo.session_crdt.playbook,
+            rpo="session_crdt",
+        ),
     )
     return [RuleGroup("redline-rpo", spec.timing.evaluation_interval_seconds, rules)]
 
@@ -69,10 +115,28 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     rpo = spec.rpo
     session = {"stream": "sessions:cdc", "group": "replica"}
     lagging = {**session, "stream": "sessions:cdc:eu"}
+    cut = {"source_region": "eu", "target_region": "us"}
+    healthy = {"source_region": "us", "target_region": "eu"}
     lora_age = 600.0  # the checkpoint stamped at t=0, evaluated at 10m
     checkpoint = catalog.MODEL_CHECKPOINT_LAST_SUCCESS_TIMESTAMP_SECONDS
     delta_age = catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS
+    conflicts = catalog.VECTORDB_ID_CONFLICTS_TOTAL
+    remapped = {"resolution": "remapped"}
     return [
+        Case(
+            "id conflicts: 3 a minute for 20 minutes fire, 0.5 a minute stays silent",
+            {
+                series(conflicts, {**remapped, "collection": "a"}): counter(3, 30),
+                series(conflicts, {**remapped, "collection": "b"}): counter(0.5, 30),
+            },
+            1500,
+            [
+                (
+                    "IndexIDConflictRate",
+                    [expected(alerts.get("IndexIDConflictRate"), {"collection": "a"}, 3.0)],
+                )
+            ],
+        ),
         Case(
             "LoRA checkpoint RPO: an old checkpoint fires, a fresh one does not",
             {
@@ -110,6 +174,44 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                     ],
                 )
             ],
+        ),
+        Case(
+            "CRDT session RPO: a direction over the RPO fires, one at the RPO stays silent",
+            {
+                series(catalog.SESSION_CRDT_SYNC_LAG_SECONDS, cut): constant(
+                    rpo.session_crdt.max_seconds + 2, 20
+                ),
+                series(catalog.SESSION_CRDT_SYNC_LAG_SECONDS, healthy): constant(
+                    rpo.session_crdt.max_seconds, 20
+                ),
+                series(catalog.SESSION_CRDT_DIVERGENT_SESSIONS): constant(3, 20),
+            },
+            600,
+            [
+                (
+                    "SessionCrdtRPOBreach",
+                    [
+                        expected(
+                            alerts.get("SessionCrdtRPOBreach"),
+                            cut,
+                            rpo.session_crdt.max_seconds + 2,
+                        )
+                    ],
+                ),
+                (
+                    "SessionCrdtDivergence",
+                    [expected(alerts.get("SessionCrdtDivergence"), {}, 3)],
+                ),
+            ],
+        ),
+        Case(
+            "CRDT sessions: converged regions stay silent",
+            {
+                series(catalog.SESSION_CRDT_SYNC_LAG_SECONDS, healthy): constant(0, 20),
+                series(catalog.SESSION_CRDT_DIVERGENT_SESSIONS): constant(0, 20),
+            },
+            600,
+            [("SessionCrdtRPOBreach", []), ("SessionCrdtDivergence", [])],
         ),
         Case(
             "delta-log RPO: pending entries older than the RPO fire",

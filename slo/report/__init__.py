@@ -8,6 +8,7 @@ disaster-recovery `maturity` on the way. The names other packages use are re-exp
 from redline.slo.report.build import build_incidents, build_report, build_slo_report
 from redline.slo.report.inputs import (
     AlertSamples,
+    CrossRegionFigures,
     GuardState,
     LiveSignals,
     RemediationCounts,
@@ -24,6 +25,7 @@ from redline.slo.report.signals import SignalDef, signal_defs
 
 __all__ = [
     "AlertSamples",
+    "CrossRegionFigures",
     "GuardState",
     "LiveSignals",
     "RemediationCounts",

@@ -125,6 +125,18 @@ class JobRun:
 
 
 @dataclass(frozen=True)
+class CrossRegionFigures:
+    """One model's answers on one backup region against the primary's over the period (the
+    consistency probe's gauges); None where the probe did not publish that gauge."""
+
+    model: str
+    region: str
+    similarity_mean: float | None = None  # time-average of the per-run mean similarity
+    similarity_min: float | None = None  # lowest similarity of one answer in the period
+    agreement_ratio: float | None = None  # time-average of the output-hash agreement
+
+
+@dataclass(frozen=True)
 class LiveSignals:
     """Live facts the maturity assessment reads besides the SLIs."""
 
@@ -132,6 +144,7 @@ class LiveSignals:
     probes_failing_at_end: frozenset[str] = frozenset()  # "region/probe"
     golden_evaluations: float | None = None  # golden-set evaluations in the period
     spot_unrecoverable: float | None = None  # requests a spot drain failed for good
+    cross_region: Sequence[CrossRegionFigures] = ()  # per model and backup region
 
 
 @dataclass(frozen=True)

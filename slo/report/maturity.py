@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from redline.slo import catalog
-from redline.slo.report.inputs import LiveSignals
+from redline.slo.report.inputs import CrossRegionFigures, LiveSignals
 from redline.slo.report.model import (
     CheckStatus,
     Maturity,
@@ -69,6 +69,72 @@ def _signal_held(
     return "met", f"{wording}: held, worst {s.peak:g}{s.unit} (limit {s.threshold:g}{s.unit})"
 
 
+def _pair(figures: CrossRegionFigures, primary: str) -> str:
+    return f"{figures.model} {primary} vs {figures.region}"
+
+
+def cross_region_checks(spec: Spec, live: LiveSignals) -> list[MaturityCheck]:
+    """Level 2's cross-instance checks: output hashes compared, and the mean embedding
+    similarity of every backup's answers to the primary's at or above the spec's bar over the
+    period (the lowest model/backup pair decides, with its figures as the evidence)."""
+    bar = spec.maturity.semantic_similarity_min
+    primary, backups = spec.regions[0], spec.regions[1:]
+    hash_req = "output hashes compared across instances (primary vs every backup, canary prompts)"
+    sim_req = f"primary and backup answers' embedding similarity >= {num(bar)} over the period"
+    if not backups:
+        why = f"the spec names one region ({primary}): no backup to compare with"
+        return [
+            _check(2, "output_hash", hash_req, "not_met", why),
+            _check(2, "embedding_similarity", sim_req, "not_met", why),
+        ]
+    hashed = [f for f in live.cross_region if f.agreement_ratio is not None]
+    uncovered = sorted(set(backups) - {f.region for f in hashed})
+    if not hashed:
+        hash_status: CheckStatus = "no_data"
+        hash_evidence = (
+            f"{catalog.LLM_CROSS_REGION_OUTPUT_AGREEMENT_RATIO} absent "
+            "(the exporter's consistency probe is off: consistency.enabled)"
+        )
+    elif uncovered:
+        hash_status = "not_met"
+        hash_evidence = f"no output-hash comparison for backup region(s) {', '.join(uncovered)}"
+    else:
+        worst = min(hashed, key=lambda f: f.agreement_ratio or 0.0)
+        hash_status = "met"
+        hash_evidence = (
+            f"{catalog.LLM_CROSS_REGION_OUTPUT_AGREEMENT_RATIO}: lowest {_pair(worst, primary)} "
+            f"{worst.agreement_ratio or 0.0:.1%} of answers identical"
+        )
+    scored = [f for f in live.cross_region if f.similarity_mean is not None]
+    uncovered = sorted(set(backups) - {f.region for f in scored})
+    if not scored:
+        sim_status: CheckStatus = "no_data"
+        sim_evidence = (
+            f"{catalog.LLM_CROSS_REGION_EMBEDDING_SIMILARITY} absent "
+            "(the exporter's consistency probe is off: consistency.enabled)"
+        )
+    elif uncovered:
+        sim_status = "not_met"
+        sim_evidence = f"no similarity measured for backup region(s) {', '.join(uncovered)}"
+    else:
+        worst = min(scored, key=lambda f: f.similarity_mean or 0.0)
+        mean = worst.similarity_mean or 0.0
+        sim_status = "met" if mean >= bar else "not_met"
+        lowest = (
+            f"; lowest single answer {worst.similarity_min:.3f}"
+            if worst.similarity_min is not None
+            else ""
+        )
+        sim_evidence = (
+            f"{catalog.LLM_CROSS_REGION_EMBEDDING_SIMILARITY}: lowest {_pair(worst, primary)} "
+            f"{mean:.3f} {'>=' if sim_status == 'met' else '<'} {num(bar)}{lowest}"
+        )
+    return [
+        _check(2, "output_hash", hash_req, hash_status, hash_evidence),
+        _check(2, "embedding_similarity", sim_req, sim_status, sim_evidence),
+    ]
+
+
 def build_maturity(
     spec: Spec,
     signals: Sequence[SignalReport],
@@ -114,6 +180,7 @@ def build_maturity(
             else f"{evals:.0f} golden-set evaluations in the period",
         )
     )
+    checks.extend(cross_region_checks(spec, live))
     status_, evidence_ = _verified([spec.rollback.playbook], remediation, jobs)
     checks.append(
         _check(2, "rollback_verified", "rollbacks verified on the golden set", status_, evidence_)

@@ -99,6 +99,31 @@ def test_users_see_no_failed_request(drills: dict[str, DrillResult], name: str) 
     assert result.failed_requests == 0, f"{result.failed_detail} {_explain(result)}"
 
 
+def test_the_partition_converges_with_every_acknowledged_message(
+    drills: dict[str, DrillResult],
+) -> None:
+    result = drills["partition"]
+    assert result.lost == 0, _explain(result)
+    assert int(result.lost_detail.split()[0]) > 50, result.lost_detail
+    checks = {c.name: c for c in result.checks}
+    assert checks["both regions hold identical states"].ok, _explain(result)
+    assert checks["states equal the CRDT merge of every acknowledged operation"].ok
+    figures = {f.label: f.value for f in result.figures}
+    converged = figures["convergence after heal"]
+    assert isinstance(converged, float) and converged < 10.0, _explain(result)
+    assert (figures["divergent sessions before the heal"] or 0) >= 1, _explain(result)
+
+
+def test_a_mutated_canary_is_flagged_and_a_reformatted_one_is_not(
+    drills: dict[str, DrillResult],
+) -> None:
+    result = drills["mutation"]
+    checks = {c.name: c for c in result.checks}
+    assert checks["the alert carries the diff"].ok, _explain(result)
+    assert checks["flagged as a rollback candidate"].ok, _explain(result)
+    assert checks["a reformatted answer is no mutation"].ok, _explain(result)
+
+
 def test_each_playbook_did_its_job(drills: dict[str, DrillResult]) -> None:
     checks = {(r.drill, c.name): c for r in drills.values() for c in r.checks}
     assert checks[("latency", "gateway routes to the secondary")].ok
@@ -207,7 +232,8 @@ def test_every_dashboard_query_returns_data_from_the_live_stack(
     series come from the spot drills' own fleet (checked in tests/integration)."""
     layout = StackLayout(stack.run_dir)
     for path in layout.dashboards_dir.glob("*.json"):
-        if path.name != "spot.json":
+        # quotas.json: the local stack runs no quotas until the `quota` drill exists (issue 17).
+        if path.name not in ("spot.json", "quotas.json"):
             shutil.copy(path, tmp_path / path.name)
     state = load_running(stack.run_dir)
     last = max(60.0, time.time() - state.started_at)

@@ -10,6 +10,8 @@ from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.exporter_down import drill_exporter_down
 from redline.devstack.drills.latency import drill_latency
 from redline.devstack.drills.latency_persistent import drill_latency_persistent
+from redline.devstack.drills.mutation import drill_mutation
+from redline.devstack.drills.partition import drill_partition
 from redline.devstack.drills.regression import drill_regression, drill_regression_negative
 from redline.devstack.drills.session_rpo import drill_session_rpo
 from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER
@@ -19,9 +21,11 @@ from redline.devstack.drills.staleness import drill_staleness
 DRILL_ORDER = (
     "exporter-down",
     "session-rpo",
+    "partition",
     "staleness",
     "breaker",
     "latency",
+    "mutation",
     "regression",
     "regression-negative",
     "latency-persistent",
@@ -32,7 +36,8 @@ gate's 300 s window, so the regressions come late and their recovery is awaited 
 after them, while that recovery is awaited in the background, so it adds little to `all`.
 `breaker` (about 30 s) runs before `latency`, so its reroutes are long out of the latency
 window when that drill starts. The spot drills run a fleet of their own beside the stack and
-are asked for by name."""
+are asked for by name. `mutation` (about 20 s) runs before the regressions, while the adapter's
+good version serves every region."""
 
 DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER)
 """Every drill a user may name (`all` aside)."""
@@ -42,8 +47,10 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "latency-persistent": drill_latency_persistent,
     "staleness": drill_staleness,
     "regression": drill_regression,
+    "mutation": drill_mutation,
     "regression-negative": drill_regression_negative,
     "session-rpo": drill_session_rpo,
+    "partition": drill_partition,
     "exporter-down": drill_exporter_down,
     "breaker": drill_breaker,
     **SPOT_DRILLS,

@@ -487,6 +487,8 @@ def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only t
         fire("LoRACheckpointRPOBreach", adapter=ADAPTERS[0])
     if scenario.regression_alerting(share):
         fire("SemanticRollbackTwoSignal", model=model, model_version="v2")
+    if QUOTA_BURST.holds(share):
+        fire("QuotaThrottlingSustained", tenant=QUOTA_TRAFFIC[0][0])
     if share > 0.92:
         fire("EmbeddingDrift", collection=COLLECTION, method="mmd")
     for spot in scenario.preemptions:
@@ -580,6 +582,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     job_started: dict[str, float] = {}  # playbook -> creation time of its unfinished job
     held = 0.0  # delta-log entries kept for the retention window (level once trimming runs)
     steps = int((end - start) // step) + 1
+    quota_errors: dict[str, list[float]] = {}
     for index in range(steps):
         now = start + index * step
         share = (now - start) / (end - start)
@@ -719,6 +722,7 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         for spot in scenario.preemptions:
             _spot_step(spot, spot.elapsed(now, start, end), now, step, gauge, count,
                        notice_hist[spot.node])  # fmt: skip
+        quota_errors = _quota_step(share, now, step, count, gauge, fam, quota_errors)
         for alert in _active_alerts(spec, scenario, share, now, start, end, step, model):
             gauge("ALERTS", alert, now, 1.0)
     return "".join(render_openmetrics(_families(fams)))
@@ -818,6 +822,68 @@ def _spot_step(  # noqa: PLR0913 - one node's series at one step
             now,
             tokens,
         )
+
+
+QUOTA_TRAFFIC = (
+    # tenant, intent, requests per second, throttled share in the burst
+    ("acme", "summarise", 2.0, 0.6),
+    ("acme", "sql", 0.5, 0.0),
+    ("globex", "chat", 4.0, 0.0),
+)
+QUOTA_BURST = Window(0.4, 0.6)
+"""When the sample's tenant `acme` overruns its summarisation quota."""
+ESTIMATE_SHIFT = 0.05
+"""The sample's estimate errors: a Weibull of scale 0.1 shifted down by this much."""
+
+
+def _quota_step(  # noqa: PLR0913 - the quota series at one step
+    share: float,
+    now: float,
+    step: float,
+    count: Callable[[str, dict[str, str], float, float], None],
+    gauge: Callable[[str, dict[str, str], float, float], None],
+    fam: Callable[[str, str], _Family],
+    errors: dict[str, list[float]],
+) -> dict[str, list[float]]:
+    """What the gateways' quota gate publishes at one step (a summarisation burst of `acme`)."""
+    burst = QUOTA_BURST.holds(share)
+    for tenant, intent, rps, throttled_share in QUOTA_TRAFFIC:
+        requests = rps * step
+        throttled = requests * throttled_share if burst else 0.0
+        downgraded = throttled / 2 if intent == "summarise" else 0.0
+        outcomes = {
+            "admitted": requests - throttled - downgraded if intent != "chat" else 0.0,
+            "throttled": throttled,
+            "downgraded": downgraded,
+            "unlimited": requests if intent == "chat" else 0.0,
+        }
+        for outcome, amount in outcomes.items():
+            labels = {"tenant": tenant, "intent": intent, "outcome": outcome}
+            count(catalog.LLM_QUOTA_REQUESTS_TOTAL.family, labels, now, amount)
+            count(catalog.LLM_QUOTA_TOKENS_TOTAL.family, labels, now, amount * 600)
+        pair = {"tenant": tenant, "intent": intent}
+        count(catalog.LLM_QUOTA_REFUNDED_TOKENS_TOTAL.family, pair, now, requests * 120)
+        gauge(catalog.LLM_QUOTA_UTILISATION_RATIO.name, pair, now, 1.1 if burst else 0.4)
+    for action in ("fail_open", "fail_closed"):
+        count(catalog.LLM_QUOTA_STORE_FAILURES_TOTAL.family, {"action": action}, now, 0.0)
+    metric = catalog.LLM_TOKEN_ESTIMATE_ERROR_RATIO
+    bounds = metric.buckets
+    for kind in ("prompt", "total"):
+        cumulative = errors.setdefault(kind, [0.0] * (len(bounds) + 2))
+        requests = 6.5 * step
+        for index, bound in enumerate(bounds):
+            shifted = bound + ESTIMATE_SHIFT
+            cumulative[index] += requests * (_weibull_cdf(shifted, 0.1) if shifted > 0 else 0.0)
+        cumulative[-2] += requests
+        cumulative[-1] += requests * (_weibull_mean(0.1) - ESTIMATE_SHIFT)
+        labels = {"intent": "chat", "kind": kind}
+        buckets = fam(metric.name, "histogram")
+        for bound, value in zip(bounds, cumulative, strict=False):
+            buckets.add({**labels, "le": number(bound)}, now, value)
+        buckets.add({**labels, "le": "+Inf"}, now, cumulative[-2])
+        fam(metric.count, "part").add(labels, now, cumulative[-2])
+        fam(metric.sum, "part").add(labels, now, cumulative[-1])
+    return errors
 
 
 def _families(fams: dict[str, _Family]) -> Iterator[Family]:

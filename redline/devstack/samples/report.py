@@ -110,6 +110,9 @@ LORA_STALL = (ts("2025-03-15T12:00"), 10 * MINUTE)  # no checkpoint
 DRIFT = (ts("2025-03-27T00:00"), 3 * 3600)  # MMD score 0.03 over a 0.01 threshold
 PROBE_DOWN = (ts("2025-03-05T07:00"), 5 * MINUTE)  # secondary healthz failing
 REGRESSION = (ts("2025-03-10T10:00"), 30 * MINUTE)  # chat v2 regressed; rollback in shadow mode
+DIVERGENCE = (ts("2025-03-22T06:00"), 6 * 3600)  # secondary's canary answers differ from primary's
+SIMILARITY_DIVERGED = 0.62  # the embedding similarity of the answers meanwhile
+AGREEMENT_DIVERGED = 0.25  # and the share of identical answers
 
 BUCKETS = ("0.4", "0.8", "1.5", "+Inf")
 REGIONS = ("primary", "secondary")
@@ -213,6 +216,8 @@ def build_sample(
         catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL, {"recoverable": "false"}, np.zeros(count)
     )
 
+    add_cross_region(sample, seed)
+
     sample.runs = [
         RemediationRun("reroute", "succeeded", LATENCY[0] + 3 * MINUTE, 12.0),
         # The latency alert flapped: the second reroute within the hour is over budget.
@@ -284,6 +289,22 @@ def build_sample(
             catalog.REDLINE_REMEDIATION_BREAKER_OPEN, {"playbook": playbook}, np.zeros(count)
         )
     return sample
+
+
+def add_cross_region(sample: Sample, seed: int = 7) -> None:
+    """The consistency probe's gauges for model chat, secondary against primary: answers
+    nearly always identical, and diverging during DIVERGENCE."""
+    # A generator of its own, so the other series keep the values they always had.
+    rng = np.random.default_rng(seed + 1)
+    labels = {catalog.LABEL_MODEL: "chat", catalog.LABEL_REGION: "secondary"}
+    similarity = rng.uniform(0.995, 1.0, sample.count)
+    agreement = np.where(similarity > 0.9975, 1.0, 11 / 12)
+    diverged = sample.mask(*DIVERGENCE)
+    similarity[diverged] = SIMILARITY_DIVERGED
+    agreement[diverged] = AGREEMENT_DIVERGED
+    sample.add(catalog.LLM_CROSS_REGION_EMBEDDING_SIMILARITY, labels, similarity)
+    sample.add(catalog.LLM_CROSS_REGION_EMBEDDING_SIMILARITY_MIN, labels, similarity - 0.01)
+    sample.add(catalog.LLM_CROSS_REGION_OUTPUT_AGREEMENT_RATIO, labels, agreement)
 
 
 def _points(times: list[int], values: np.ndarray) -> Iterator[tuple[float, float]]:

@@ -1,9 +1,11 @@
 """The vector index's write path: delta log, Milvus targets, writer, replicator, replay, verify.
 
-Modules, bottom up: `errors`, `entries` (the log's entry format, pure), `schema` (a collection's
-rows as Milvus describes them, pure), `deltalog` (the Redis Stream, freeze flag, checkpoints and
-the target registry), `settings` (where the copies live), `milvus` (one copy on Milvus, and the
-connection), `apply` (conflict resolution and batches), `writer` (IndexWriter, freeze,
+Modules, bottom up: `errors`, `entries` (the log's entry format, pure), `ids` (generated vector
+ids: time | region | node | sequence), `schema` (a collection's rows as Milvus describes them,
+pure), `deltalog` (the Redis Stream, freeze flag, checkpoints and the target registry),
+`settings` (where the copies live), `milvus` (one copy on Milvus, and the connection),
+`conflicts` (two writing regions: heads, re-mapped conflicts, the conflict map), `apply`
+(conflict resolution and batches), `writer` (IndexWriter, freeze,
 unfreeze), `retention` (trimming the log and pruning tombstones), `replicator`, `verify`,
 `replay`. Import from this package; the modules are its layout.
 """
@@ -11,6 +13,14 @@ unfreeze), `retention` (trimming the log and pruning tombstones), `replicator`, 
 from __future__ import annotations
 
 from redline.platform.index.apply import BatchResult, DeltaApplier, Resolution, build_resolution
+from redline.platform.index.conflicts import (
+    Conflict,
+    ConflictMap,
+    Head,
+    build_conflict,
+    build_desired,
+    remap_id,
+)
 from redline.platform.index.deltalog import (
     DeltaLog,
     FreezeState,
@@ -47,6 +57,15 @@ from redline.platform.index.errors import (
     LeaseBusyError,
     LeaseLostError,
     VectorIndexError,
+)
+from redline.platform.index.ids import (
+    ClockSkewError,
+    VectorIdError,
+    VectorIdGenerator,
+    VectorIdParts,
+    compose_vector_id,
+    decode_vector_id,
+    format_vector_id,
 )
 from redline.platform.index.milvus import (
     ROW_FIELDS,
@@ -87,6 +106,19 @@ from redline.platform.index.writer import (
 )
 
 __all__ = [
+    "remap_id",
+    "format_vector_id",
+    "decode_vector_id",
+    "compose_vector_id",
+    "build_desired",
+    "build_conflict",
+    "VectorIdParts",
+    "VectorIdGenerator",
+    "VectorIdError",
+    "Head",
+    "ConflictMap",
+    "Conflict",
+    "ClockSkewError",
     "BatchResult",
     "Bookkeeping",
     "DeltaApplier",

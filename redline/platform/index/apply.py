@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from redline.platform.index.conflicts import DEFAULT_SALT, ConflictMap, apply_heads
 from redline.platform.index.deltalog import DeltaLog, TargetState, new_token
 from redline.platform.index.entries import ZERO_ID, Entry, Version, parse_stream_id
 from redline.platform.index.errors import DeltaLogError, LeaseBusyError
@@ -97,9 +98,16 @@ class DeltaApplier:
         lease_ttl_seconds: float = 15.0,
         replay: bool = False,
         trust_high_water: bool = True,
+        salt: str = DEFAULT_SALT,
     ) -> None:
         self.log = deltalog
         self.target = target
+        # A log of one of two writing regions goes through the copy's heads (`conflicts`).
+        self.conflicts = (
+            ConflictMap(deltalog.redis, deltalog.collection, salt)
+            if deltalog.origin is not None
+            else None
+        )
         self.lease_ttl_seconds = lease_ttl_seconds
         self.replay = replay
         # Only appliers write to a replica, so its recorded high-water mark and regions are
@@ -142,6 +150,8 @@ class DeltaApplier:
             ids = list(dict.fromkeys(e.id for e in entries))
             regions = {e.region for e in entries}
             newest = max(e.ts_ms for e in entries)
+            if self.conflicts is not None:
+                return self._apply_heads(entries, checkpoint, newest, regions)
             if self._newer_than_target(entries, regions, state):
                 # Nothing the target holds can be newer or from another region: nothing to read.
                 resolution = build_resolution(entries, {}, {})
@@ -173,6 +183,30 @@ class DeltaApplier:
             )
         finally:
             self.log.release(name, self.token)
+
+    def _apply_heads(
+        self, entries: list[Entry], checkpoint: str, newest: int, regions: set[str]
+    ) -> BatchResult:
+        """A batch of a multi-region log: through the copy's heads, conflicts re-mapped."""
+        assert self.conflicts is not None
+        plan, moved = apply_heads(
+            self.conflicts, self.target, entries, f"replicator:{self.target.name}"
+        )
+        last = entries[-1].stream_id
+        self.log.advance(
+            self.target.name, self.token, last, len(entries), len(plan.conflicts), self.replay,
+            newest, sorted(regions),
+        )  # fmt: skip
+        return BatchResult(
+            len(entries),
+            len(plan.upserts),
+            len(plan.deletes),
+            len(plan.conflicts),
+            len(entries) - moved,
+            last,
+            start=checkpoint,
+            batch=tuple(entries),
+        )
 
     def _newer_than_target(
         self, entries: Sequence[Entry], regions: set[str], state: TargetState

@@ -40,10 +40,17 @@ from redline.platform.index.entries import (
     Vector,
     Version,
     build_fields,
+    check_region,
     parse_packed,
     parse_stream_id,
 )
 from redline.platform.index.errors import DeltaLogError, LeaseLostError
+
+
+def shared_prefix(collection: str) -> str:
+    """The hash-tagged prefix of a collection's multi-region keys (one Redis Cluster slot)."""
+    return f"redline:index:{{{collection}}}"
+
 
 # ---------------------------------------------------------------------------------------------
 # Redis scripts (atomic; stream ids are compared as (ms, seq) pairs)
@@ -72,6 +79,15 @@ end
 # an entry is either applied by its writer (flag clear) or by the unfreeze catch-up (flag set).
 _APPEND = """
 local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
+return {id, redis.call('EXISTS', KEYS[2])}
+"""
+
+# KEYS: log, frozen flag, the region's recent-writes hash. ARGV: row id, "ts_ms|op|checksum",
+# then field/value pairs. The append of a region writing a multi-region collection: the recent
+# write is recorded with it, so the other region's writer sees it before it replicates.
+_APPEND_RECENT = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. id)
 return {id, redis.call('EXISTS', KEYS[2])}
 """
 
@@ -269,7 +285,9 @@ class LogInfo:
 class DeltaLog:
     """The delta log of one logical collection in Redis, with its freeze flag and checkpoints."""
 
-    def __init__(self, client: redis.Redis, collection: str, dim: int) -> None:
+    def __init__(
+        self, client: redis.Redis, collection: str, dim: int, origin: str | None = None
+    ) -> None:
         if not ID_PATTERN.match(collection):
             raise DeltaLogError(f"invalid collection name {collection!r}")
         if dim <= 0:
@@ -277,12 +295,19 @@ class DeltaLog:
         self.redis = client
         self.collection = collection
         self.dim = dim
-        self.prefix = f"redline:index:{collection}"
+        self.origin = check_region(origin) if origin is not None else None
+        """The region whose writes this log holds, when two regions write the collection (each
+        its own log; see `conflicts`); None: the one log of a primary/replica pair."""
+        self.shared = shared_prefix(collection)
+        self.prefix = (
+            f"{self.shared}:{origin}" if origin is not None else f"redline:index:{collection}"
+        )
         self.stream_key = f"{self.prefix}:log"
         self.frozen_key = f"{self.prefix}:frozen"
         self.targets_key = f"{self.prefix}:targets"
         self.trimmed_key = f"{self.prefix}:trimmed"
         self._append = client.register_script(_APPEND)
+        self._append_recent = client.register_script(_APPEND_RECENT)
         self._read = client.register_script(_READ)
         self._advance = client.register_script(_ADVANCE)
         self._acquire = client.register_script(_ACQUIRE)
@@ -299,7 +324,10 @@ class DeltaLog:
         return f"{self.prefix}:target:{target}"
 
     def lease_key(self, target: str) -> str:
-        """Lease that lets one applier at a time write to a target."""
+        """Lease that lets one applier at a time write to a target (for a multi-region log,
+        shared with the target's writer and the appliers of the other logs)."""
+        if self.origin is not None:
+            return f"{self.shared}:target:{target}:lease"
         return f"{self.prefix}:target:{target}:lease"
 
     def tombstone_key(self, target: str) -> str:
@@ -335,7 +363,15 @@ class DeltaLog:
             argv: list[bytes] = []
             for name, value in fields.items():
                 argv += [name.encode(), value]
-            self._append(keys=[self.stream_key, self.frozen_key], args=argv, client=pipe)
+            if self.origin is None:
+                self._append(keys=[self.stream_key, self.frozen_key], args=argv, client=pipe)
+                continue
+            recent = b"%d|%s|%s" % (ts_ms, fields["op"], fields["checksum"])
+            self._append_recent(
+                keys=[self.stream_key, self.frozen_key, f"{self.shared}:recent:{region}"],
+                args=[item[1].encode(), recent, *argv],
+                client=pipe,
+            )
         results: list[tuple[str, bool]] = []
         for sid, frozen in pipe.execute():
             results.append((_text(sid), bool(int(frozen))))

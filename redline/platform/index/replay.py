@@ -65,6 +65,7 @@ class ReplayReport:
             "compacted": self.compacted,
             "verified": v.verified,
             "verified_superseded": v.superseded,
+            "verified_remapped": v.remapped,
             "mismatches": v.mismatches,
             "missing": v.missing,
             "unexpected": v.unexpected,

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, NonNegativeFloat, PositiveFloat, Positive
 from redline.core.settings import ServiceSettings, SettingsError, read_secret
 from redline.platform.index.entries import check_id, check_region
 from redline.platform.index.errors import DeltaLogError
+from redline.platform.index.ids import VectorIdGenerator
 from redline.platform.index.schema import Bookkeeping
 
 Replication = Literal["redline", "external"]
@@ -159,6 +160,26 @@ class IndexSettings(IndexTargetsFields, ServiceSettings):
     collection: str = Field("documents", description="Logical collection (names the delta log).")
     dim: PositiveInt = Field(384, description="Vector dimension.")
     region: str = Field("primary", description="Region this process writes as.")
+    region_code: int = Field(
+        0,
+        ge=0,
+        le=63,
+        description="The region's code in generated vector ids (0-63, unique "
+        "per region, the same in every process of the region).",
+    )
+    node_id: int = Field(
+        0,
+        ge=0,
+        le=63,
+        description="This writer's code within its region in generated vector "
+        "ids (0-63; two live writers of a region must not share one).",
+    )
+    id_salt: str = Field(
+        "redline",
+        min_length=1,
+        description="Salt of re-mapped ids of conflicting writes (the "
+        "same in every region of a collection).",
+    )
     milvus_token: SecretStr | None = Field(None, description="Milvus token (env or token file).")
     milvus_timeout_seconds: PositiveFloat = Field(10.0, description="Timeout of Milvus calls.")
     batch_size: PositiveInt = Field(500, description="Delta-log entries applied per batch.")
@@ -180,3 +201,7 @@ class IndexSettings(IndexTargetsFields, ServiceSettings):
     def collection_config(self, token: str = "") -> IndexConfig:
         """The IndexConfig these settings describe."""
         return self.index_config(self.collection, self.dim, token, self.region)
+
+    def id_generator(self) -> VectorIdGenerator:
+        """The vector id generator of this process (region code, node id)."""
+        return VectorIdGenerator(self.region_code, self.node_id)

@@ -218,6 +218,11 @@ def test_remediation_runs_and_maturity(month: Report) -> None:
     assert checks["session_rpo"] == "not_met" and checks["index_rpo"] == "met"
     assert checks["lora_interval"] == "not_met"  # default spec: 120 s checkpoints, 90 s RPO
     assert checks["replay_verified"] == "met" and checks["reroute_verified"] == "met"
+    # Six hours of diverging answers (DIVERGENCE) pull the month's mean similarity down, not
+    # below the bar: the check reads the period's mean, and its evidence the lowest answer.
+    assert checks["output_hash"] == "met" and checks["embedding_similarity"] == "met"
+    evidence = {c.id: c.evidence for c in m.checks}["embedding_similarity"]
+    assert "lowest single answer 0.610" in evidence
 
 
 def test_remediation_lists_what_ran_what_shadow_would_have_done_and_skips(

@@ -108,6 +108,7 @@ def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
     assert matchers == [
         'playbook="freeze_and_replay"',
         'playbook="reroute"',
+        'playbook="rollback_candidate"',
         'playbook="semantic_rollback"',
         'playbook="spot_drain"',
     ]

@@ -1,0 +1,406 @@
+"""Two regions writing one collection: per-id heads, deterministic conflict resolution by
+re-mapping, and the conflict map (design notes §3.1).
+
+Each region writes to its own delta log (`DeltaLog(..., origin=region)`), applies its writes to
+its own copy and has its replicator apply the OTHER region's log to that copy. A copy's state
+of an id is a pure function of the *heads* it has applied: per region, the last write of the id
+that region made (ordered by that region's log). Of the heads, the highest (ts_ms, region)
+wins: its write is the row under the id. A losing head that is an upsert with other content
+(another checksum) than the winner's is a **conflict**: its content is kept under a re-mapped id,
+`remap_id` — a salted hash of (original id, losing region), the same in both regions — with the
+loser's version and checksum. Both copies converge on the same rows whatever the order in which
+the writes arrived, because the outcome depends on the heads only. An upsert losing to a delete
+is last-writer-wins (no re-map, no conflict): there is no second content to keep.
+
+Every conflict is recorded once in the conflict map (a Redis hash; field `id|checksum|checksum`,
+the two checksums sorted, so both regions and every detection point write the same field; HSETNX
+keeps the first record) and counted per resolution (`vectordb_id_conflicts_total`). Detection
+points: the writer (against its copy's heads and the other regions' recent-writes cache, before
+the write) and the applier (incoming entry against the copy's heads).
+
+Redis keys (all hash-tagged `{collection}`, so a Redis Cluster keeps them in one slot):
+- `redline:index:{<collection>}:conflicts` map field -> JSON record; `:conflicts:count`
+  resolution -> records;
+- `redline:index:{<collection>}:target:<copy>:heads` id -> JSON {region: [stream id, ts_ms, op,
+  checksum]}; `:target:<copy>:lease`, shared by the copy's writer and its replicator;
+- `redline:index:{<collection>}:recent:<region>` id -> "ts_ms|op|checksum|stream id": what a
+  region's writer last wrote (set atomically with the append).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import redis
+
+from redline.platform.index.deltalog import shared_prefix
+from redline.platform.index.entries import Entry, Op, Vector, parse_stream_id, row_checksum
+from redline.platform.index.errors import DeltaLogError
+from redline.platform.index.milvus import MilvusTarget
+
+ConflictResolution = Literal["remapped"]
+RESOLUTIONS: tuple[ConflictResolution, ...] = ("remapped",)
+DEFAULT_SALT = "redline"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A region's last write of an id, as a copy applied it."""
+
+    region: str
+    stream_id: str
+    ts_ms: int
+    op: Op
+    checksum: str
+
+    def key(self) -> tuple[int, str]:
+        """Which head wins: the higher (ts_ms, region)."""
+        return (self.ts_ms, self.region)
+
+    def after(self, other: Head | None) -> bool:
+        """True when this head is a later write of its region than `other`."""
+        return other is None or parse_stream_id(self.stream_id) > parse_stream_id(other.stream_id)
+
+    @classmethod
+    def of(cls, entry: Entry) -> Head:
+        """The head an entry makes."""
+        return cls(entry.region, entry.stream_id, entry.ts_ms, entry.op, entry.checksum)
+
+
+Heads = dict[str, Head]
+"""region -> head, for one id."""
+
+
+def remap_id(original: str, loser_region: str, salt: str, pk_type: str) -> str:
+    """The re-mapped id of `loser_region`'s content of `original`: a salted SHA-256, negative for
+    INT64 keys (generated ids are positive), `r.` + 24 hex digits for VARCHAR keys."""
+    digest = hashlib.sha256(f"{salt}\0{original}\0{loser_region}".encode()).hexdigest()
+    if pk_type == "int64":
+        return str(-(int(digest[:16], 16) >> 1) - 1)
+    return f"r.{digest[:24]}"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """Two regions' different contents of one id, and how it was resolved."""
+
+    id: str
+    winner: Head
+    loser: Head
+    remapped_id: str
+    resolution: ConflictResolution = "remapped"
+
+    @property
+    def field(self) -> str:
+        """The conflict map's field: the same from every detection point."""
+        low, high = sorted((self.winner.checksum, self.loser.checksum))
+        return f"{self.id}|{low}|{high}"
+
+    def record(self, detected_by: str, at_ms: int) -> dict[str, Any]:
+        """The JSON-ready record stored in the map."""
+
+        def side(head: Head) -> dict[str, Any]:
+            return {"region": head.region, "ts_ms": head.ts_ms, "checksum": head.checksum}
+
+        return {
+            "id": self.id,
+            "resolution": self.resolution,
+            "winner": side(self.winner),
+            "loser": side(self.loser),
+            "remapped_id": self.remapped_id,
+            "regions": sorted({self.winner.region, self.loser.region}),
+            "detected_by": detected_by,
+            "at_ms": at_ms,
+        }
+
+
+def build_conflict(original: str, a: Head, b: Head, salt: str, pk_type: str) -> Conflict | None:
+    """The conflict between two regions' heads of one id, or None (same content, a delete, or
+    the same region)."""
+    if a.region == b.region or a.op != "upsert" or b.op != "upsert" or a.checksum == b.checksum:
+        return None
+    winner, loser = (a, b) if a.key() > b.key() else (b, a)
+    return Conflict(original, winner, loser, remap_id(original, loser.region, salt, pk_type))
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What a copy holds for one id given its heads: the row under the id (the winner, None
+    when it is deleted or never written) and the re-mapped rows of losing contents."""
+
+    winner: Head | None
+    remaps: Mapping[str, Head]
+    """re-mapped id -> the losing head whose content it holds."""
+    conflicts: tuple[Conflict, ...] = ()
+
+
+def build_desired(original: str, heads: Mapping[str, Head], salt: str, pk_type: str) -> Desired:
+    """The rows an id's heads call for (pure; identical in every region)."""
+    if not heads:
+        return Desired(None, {})
+    winner = max(heads.values(), key=Head.key)
+    conflicts = tuple(
+        c
+        for h in heads.values()
+        if (c := build_conflict(original, winner, h, salt, pk_type)) is not None
+    )
+    remaps = {c.remapped_id: c.loser for c in conflicts}
+    return Desired(winner if winner.op == "upsert" else None, remaps, conflicts)
+
+
+def fold_heads(entries: Iterable[Entry], heads: Mapping[str, Heads]) -> dict[str, Heads]:
+    """The heads after `entries` (each replaces its region's head when it comes later in that
+    region's log); only the ids whose heads changed."""
+    changed: dict[str, Heads] = {}
+    for entry in entries:
+        current = changed.get(entry.id)
+        if current is None:
+            current = dict(heads.get(entry.id, {}))
+        head = Head.of(entry)
+        if head.after(current.get(entry.region)):
+            current[entry.region] = head
+            changed[entry.id] = current
+    return changed
+
+
+@dataclass
+class RowPlan:
+    """The Milvus writes that take a copy from its old heads to the new ones."""
+
+    upserts: list[Entry] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)
+
+
+def build_row_plan(
+    changed: Mapping[str, Heads],
+    old: Mapping[str, Heads],
+    contents: Mapping[str, tuple[Vector, bytes]],
+    salt: str,
+    pk_type: str,
+) -> RowPlan:
+    """The upserts and deletes for the changed ids: rows whose desired content or version moved
+    are (re)written from `contents` (checksum -> vector, payload), rows no longer desired are
+    deleted. DeltaLogError when a content is not in `contents` (see `contents_needed`)."""
+    plan = RowPlan()
+    for original, heads in changed.items():
+        before = build_desired(original, old.get(original, {}), salt, pk_type)
+        after = build_desired(original, heads, salt, pk_type)
+        plan.conflicts.extend(after.conflicts)
+        wanted: dict[str, Head] = dict(after.remaps)
+        if after.winner is not None:
+            wanted[original] = after.winner
+        had: dict[str, Head] = dict(before.remaps)
+        if before.winner is not None:
+            had[original] = before.winner
+        for row_id, head in wanted.items():
+            if had.get(row_id) == head:
+                continue
+            try:
+                vector, payload = contents[head.checksum]
+            except KeyError:
+                raise DeltaLogError(
+                    f"content {head.checksum} of {original!r} (region {head.region}) is neither "
+                    "in the batch nor on the copy: the copy and its heads disagree"
+                ) from None
+            plan.upserts.append(
+                Entry(head.stream_id, "upsert", row_id, head.region, head.ts_ms, head.checksum,
+                      vector, payload)
+            )  # fmt: skip
+        plan.deletes.extend(row_id for row_id in had if row_id not in wanted)
+    return plan
+
+
+def rows_to_read(
+    changed: Mapping[str, Heads], old: Mapping[str, Heads], salt: str, pk_type: str
+) -> list[str]:
+    """The ids (originals and their re-mapped ids) whose rows may hold a content the new state
+    needs: everything the old state desired for the changed ids."""
+    ids: list[str] = []
+    for original in changed:
+        before = build_desired(original, old.get(original, {}), salt, pk_type)
+        if before.winner is not None:
+            ids.append(original)
+        ids.extend(before.remaps)
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+# Redis side
+
+# KEYS: map, counts. ARGV: per conflict: field, record JSON, resolution. New records only.
+_RECORD = """
+local n = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    redis.call('HINCRBY', KEYS[2], ARGV[i + 2], 1)
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+class ConflictMap:
+    """A collection's conflict map, per-copy heads and per-region recent-writes cache in Redis."""
+
+    def __init__(self, client: redis.Redis, collection: str, salt: str = DEFAULT_SALT) -> None:
+        self.redis = client
+        self.collection = collection
+        self.salt = salt
+        self.prefix = shared_prefix(collection)
+        self.map_key = f"{self.prefix}:conflicts"
+        self.count_key = f"{self.prefix}:conflicts:count"
+        self._record = client.register_script(_RECORD)
+
+    def heads_key(self, target: str) -> str:
+        """Hash id -> heads of a copy."""
+        return f"{self.prefix}:target:{target}:heads"
+
+    def recent_key(self, region: str) -> str:
+        """Hash id -> the region writer's last write of it."""
+        return f"{self.prefix}:recent:{region}"
+
+    # conflicts -----------------------------------------------------------------------------
+
+    def record(self, conflicts: Sequence[Conflict], detected_by: str) -> int:
+        """Record conflicts not recorded yet (idempotent); returns how many were new."""
+        if not conflicts:
+            return 0
+        now = int(time.time() * 1000)
+        args: list[str] = []
+        for c in {c.field: c for c in conflicts}.values():
+            record = json.dumps(c.record(detected_by, now), sort_keys=True, separators=(",", ":"))
+            args += [c.field, record, c.resolution]
+        return int(self._record(keys=[self.map_key, self.count_key], args=args))
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record (HSCAN; for reports, tests and verification of a range)."""
+        found: list[dict[str, Any]] = []
+        for _, value in self.redis.hscan_iter(self.map_key, count=1000):
+            found.append(json.loads(value))
+        return found
+
+    def by_loser(self, ids: Iterable[str]) -> dict[tuple[str, str, str], str]:
+        """(original id, losing region, losing checksum) -> re-mapped id, for the given ids."""
+        wanted = set(ids)
+        found: dict[tuple[str, str, str], str] = {}
+        for record in self.records():
+            if record["id"] in wanted:
+                loser = record["loser"]
+                found[(record["id"], loser["region"], loser["checksum"])] = record["remapped_id"]
+        return found
+
+    def counts(self) -> dict[str, int]:
+        """Records per resolution (every resolution present, zero when none)."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.count_key))
+        counts: dict[str, int] = dict.fromkeys(RESOLUTIONS, 0)
+        counts.update({k.decode(): int(v) for k, v in raw.items()})
+        return counts
+
+    # heads ---------------------------------------------------------------------------------
+
+    def heads(self, target: str, ids: Sequence[str]) -> dict[str, Heads]:
+        """The copy's heads of `ids` (ids never written are absent)."""
+        if not ids:
+            return {}
+        values = self.redis.hmget(self.heads_key(target), list(ids))
+        found: dict[str, Heads] = {}
+        for row_id, value in zip(ids, values, strict=True):
+            if value is not None:
+                found[row_id] = _parse_heads(value)
+        return found
+
+    def set_heads(self, target: str, heads: Mapping[str, Heads]) -> None:
+        """Store the copy's new heads (after the rows they call for were written)."""
+        if heads:
+            mapping = {k: _format_heads(v) for k, v in heads.items()}
+            self.redis.hset(self.heads_key(target), mapping=mapping)  # type: ignore[arg-type]
+
+    def all_heads(self, target: str) -> dict[str, Heads]:
+        """Every head of a copy (HSCAN; verification and tests)."""
+        return {
+            _text(k): _parse_heads(v)
+            for k, v in self.redis.hscan_iter(self.heads_key(target), count=1000)
+        }
+
+    # recent writes -------------------------------------------------------------------------
+
+    def recent(self, region: str, ids: Sequence[str]) -> dict[str, Head]:
+        """What `region`'s writer last wrote of `ids`."""
+        if not ids:
+            return {}
+        values = self.redis.hmget(self.recent_key(region), list(ids))
+        found: dict[str, Head] = {}
+        for row_id, value in zip(ids, values, strict=True):
+            if value is not None:
+                ts, op, checksum, sid = _text(value).split("|")
+                found[row_id] = Head(
+                    region, sid, int(ts), "upsert" if op == "u" else "delete", checksum
+                )
+        return found
+
+    def regions(self) -> list[str]:
+        """Regions whose writers recorded recent writes."""
+        prefix = f"{self.prefix}:recent:"
+        return sorted(
+            k.decode().removeprefix(prefix) for k in self.redis.scan_iter(match=f"{prefix}*")
+        )
+
+
+def _format_heads(heads: Heads) -> str:
+    return json.dumps(
+        {r: [h.stream_id, h.ts_ms, h.op, h.checksum] for r, h in sorted(heads.items())},
+        separators=(",", ":"),
+    )
+
+
+def _parse_heads(raw: bytes | str) -> Heads:
+    data = json.loads(raw)
+    return {
+        region: Head(region, str(sid), int(ts), cast(Op, op), str(checksum))
+        for region, (sid, ts, op, checksum) in data.items()
+    }
+
+
+def apply_heads(
+    conflicts: ConflictMap, target: MilvusTarget, entries: Sequence[Entry], detected_by: str
+) -> tuple[RowPlan, int]:
+    """Apply entries to a copy through its heads (the caller holds the copy's lease): read the
+    heads, fold the entries in, read back the rows whose content the new state moves, write
+    re-mapped rows first (their content may come from the row they replace), then the ids' own
+    rows, then the deletes; record the conflicts; store the heads last, so a crash anywhere is
+    repaired by applying again. Returns the plan and how many entries changed a head."""
+    ids = list(dict.fromkeys(e.id for e in entries))
+    old = conflicts.heads(target.name, ids)
+    changed = fold_heads(entries, old)
+    if not changed:
+        return RowPlan(), 0
+    pk_type = target.schema().pk_type
+    contents: dict[str, tuple[Vector, bytes]] = {}
+    read = rows_to_read(changed, old, conflicts.salt, pk_type)
+    if read:
+        for row in target.fetch(read, with_vectors=True).values():
+            if row.vector is not None:
+                contents[row_checksum(row.vector, row.payload)] = (row.vector, row.payload)
+    for entry in entries:
+        if entry.op == "upsert" and entry.vector is not None:
+            contents[entry.checksum] = (entry.vector, entry.payload)
+    plan = build_row_plan(changed, old, contents, conflicts.salt, pk_type)
+    originals = set(changed)
+    target.upsert([e for e in plan.upserts if e.id not in originals])
+    target.upsert([e for e in plan.upserts if e.id in originals])
+    target.delete(plan.deletes)
+    conflicts.record(plan.conflicts, detected_by)
+    conflicts.set_heads(target.name, changed)
+    moved = sum(1 for e in entries if e.id in changed and changed[e.id].get(e.region) == Head.of(e))
+    return plan, moved
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
