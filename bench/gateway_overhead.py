@@ -10,8 +10,9 @@ per mode and side, the added milliseconds and the ratio, and each gateway's CPU 
 <= 1.3x the CPU per request of tracing off. Both run the spec's circuit breakers; a third
 gateway with them off (REDLINE_BREAKERS='{"enabled": false}') shows what the breakers cost.
 A fourth runs the token quotas (REDLINE_QUOTAS_FILE: one limit matching every request, roomy
-enough never to throttle): intent classification, token estimation, one Lua call to Redis per
-request and the settlement after it; its difference from "tracing off" is their cost.
+enough never to throttle): intent classification, token estimation, one EVALSHA to Redis per
+request and the settlements (batched off the request path); its difference from "tracing off"
+is their cost, printed as CPU and as added p50/p99.
 
 Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
 """
@@ -251,6 +252,10 @@ def _report(requests: int, runs: list[Run], exported: int) -> None:
                     verdicts.append((run.mode, p - d))
             mean_added = (statistics.fmean(proxied) - statistics.fmean(direct)) * 1000
             print(f"{run.mode:<7}{side:<13}{'mean':>9}{'':>11}{'':>12}{mean_added:>10.3f}")
+        if "quotas on" in run.times and "tracing off" in run.times:
+            on, off = run.times["quotas on"], run.times["tracing off"]
+            gap = [(_quantile(on, q) - _quantile(off, q)) * 1000 for q in (0.5, 0.99)]
+            print(f"{run.mode:<7}quotas on vs off: p50 {gap[0]:+.3f} ms, p99 {gap[1]:+.3f} ms")
     print("CPU per request (load-independent view of the cost; simulator serves every side):")
     ratios = []
     for run in runs:

@@ -2,12 +2,13 @@
 
 Starts one real redis-server (AOF, fsync every second), then, one after the other on loopback:
 `redline remediation --workers 0` (the real receiver: bearer check, body limit, v4 validation,
-one Lua enqueue per alert, audit append) and a bare FastAPI app whose `POST /alerts` reads the
-body and answers 202, the ceiling. The same load hits both: `--clients` keep-alive connections
-(50) posting Alertmanager payloads with fresh fingerprints, from an asyncio client on raw
-sockets (light enough not to be the bottleneck). Rounds alternate so both see the same machine.
-Prints requests/s, alerts/s, p50/p99 latency, server CPU per 1000 requests and the ratio to the
-ceiling, checks that every accepted alert is a job in the Redis stream. Target: >= 2000 alerts/s.
+the jobs and their audit records written by one Lua script per group commit) and a bare FastAPI
+app whose `POST /alerts` reads the body and answers 202, the ceiling. The same load hits both:
+`--clients` keep-alive connections (50) posting Alertmanager payloads with fresh fingerprints,
+from an asyncio client on raw sockets (light enough not to be the bottleneck). Rounds alternate
+so both see the same machine. Prints requests/s, alerts/s, p50/p99 latency, server CPU per
+request (measured window only) and the ratio to the ceiling, checks that every accepted alert
+is a job in the Redis stream. Target: >= 2000 alerts/s and >= 0.4 x the ceiling.
 
 Run: `.venv/bin/python -m bench.ingest [--seconds S] [--clients N] [--rounds R]`.
 """
@@ -32,6 +33,7 @@ import redis
 from redline.devstack.processes import Service, free_port, http_ok, start_redis, start_service
 
 TARGET_ALERTS_PER_SECOND = 2000
+TARGET_RATIO = 0.4
 TOKEN = "bench-webhook-token"
 PREFIX = "redline:remediation"
 
@@ -166,7 +168,17 @@ async def _client(
         await writer.wait_closed()
 
 
+async def _server_cpu(pid: int, start: float, stop: float) -> float | None:
+    """The server's CPU seconds between `start` and `stop` (the measured window, no warm-up)."""
+    await asyncio.sleep(max(0.0, start - time.perf_counter()))
+    before = _cpu_seconds(pid)
+    await asyncio.sleep(max(0.0, stop - time.perf_counter()))
+    after = _cpu_seconds(pid)
+    return None if before is None or after is None else after - before
+
+
 async def _load(
+    pid: int,
     port: int,
     clients: int,
     alerts: int,
@@ -179,7 +191,9 @@ async def _load(
     make = _request_factory(alerts, serial)
     start = time.perf_counter() + warmup
     stop = start + seconds
+    cpu = asyncio.create_task(_server_cpu(pid, start, stop))
     await asyncio.gather(*(_client(port, make, start, stop, result) for _ in range(clients)))
+    result.cpu_seconds = await cpu
     return result
 
 
@@ -192,12 +206,7 @@ def _run_round(
     serial: itertools.count[int],
     name: str,
 ) -> Result:
-    cpu_before = _cpu_seconds(pid)
-    result = asyncio.run(_load(port, clients, alerts, seconds, 1.0, serial, name))
-    cpu_after = _cpu_seconds(pid)
-    if cpu_before is not None and cpu_after is not None:
-        result.cpu_seconds = cpu_after - cpu_before
-    return result
+    return asyncio.run(_load(pid, port, clients, alerts, seconds, 1.0, serial, name))
 
 
 def _merge(results: list[Result]) -> Result:
@@ -223,9 +232,9 @@ def _row(result: Result, ceiling: Result | None) -> str:
     rate = result.requests / result.seconds
     alerts = result.accepted_alerts / result.seconds
     cpu = (
-        f"{1000 * result.cpu_seconds / result.requests:8.1f}"
+        f"{1000 * result.cpu_seconds / result.requests:10.2f}"
         if result.cpu_seconds is not None and result.requests
-        else "       -"
+        else "         -"
     )
     ratio = f"{rate / (ceiling.requests / ceiling.seconds):6.2f}" if ceiling else "     -"
     other = sum(count for status, count in result.statuses.items() if status != 202)
@@ -297,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"{'server':<28} {'alerts':>6} {'req/s':>10} {'alerts/s':>10} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'cpu ms/req':>8} {'ratio':>6} {'non-202':>7}"
+        f"{'p99 ms':>8} {'cpu ms/req':>10} {'ratio':>6} {'non-202':>7}"
     )
     print(_row(bare_result, None))
     print(_row(receiver_result, bare_result))
@@ -310,10 +319,12 @@ def main(argv: list[str] | None = None) -> None:
         f"{'ok' if stream >= accepted and audit >= accepted else 'MISSING JOBS'})"
     )
     rate = receiver_result.accepted_alerts / receiver_result.seconds
-    verdict = "meets" if rate >= TARGET_ALERTS_PER_SECOND else "misses"
+    ratio = rate / (bare_result.requests / bare_result.seconds)
+    met = rate >= TARGET_ALERTS_PER_SECOND and ratio >= TARGET_RATIO
     print(
-        f"one alert per request: {rate:.0f} alerts/s, {verdict} the target of "
-        f"{TARGET_ALERTS_PER_SECOND} alerts/s; "
+        f"one alert per request: {rate:.0f} alerts/s, {ratio:.2f} x the ceiling: "
+        f"{'meets' if met else 'misses'} the target of {TARGET_ALERTS_PER_SECOND} alerts/s and "
+        f"{TARGET_RATIO} x; "
         f"{batch_result.accepted_alerts / batch_result.seconds:.0f} alerts/s with "
         f"{args.batch} alerts per notification"
     )

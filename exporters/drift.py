@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
-import redis
 from numpy.typing import NDArray
 from pymilvus import MilvusClient
 
+from redline.core.redisconn import open_redis
 from redline.exporters.drift_stats import (
     METHODS,
     CleanVectors,
@@ -255,7 +255,7 @@ class RedisStreamWindow:
 
     def fetch(self, count: int) -> list[Any]:
         """Up to `count` newest vectors (XREVRANGE), newest first; `None` if undecodable."""
-        client = redis.Redis.from_url(
+        client = open_redis(
             self.url,
             socket_timeout=self.timeout_seconds,
             socket_connect_timeout=self.timeout_seconds,

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import cast
 
 import numpy as np
-import redis
 
+from redline.core.redisconn import open_redis
 from redline.exporters.probe import MetricDef, Sample
 from redline.platform.index import (
     ConflictMap,
@@ -87,7 +87,7 @@ class IndexStalenessProbe:
         self.clock = clock
         self.external = config.replication == "external"
         self.metrics = EXTERNAL_METRICS if self.external else REDLINE_METRICS
-        self.redis = redis.Redis.from_url(
+        self.redis = open_redis(
             redis_url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
         )
         self.log = DeltaLog(self.redis, config.collection, config.dim)

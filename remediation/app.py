@@ -1,4 +1,4 @@
-"""The webhook receiver: `build_receiver_app(settings)` returns the FastAPI app.
+"""The webhook receiver: `build_receiver_app(settings)` returns the FastAPI app (a `ReceiverApp`).
 
 Routes: `POST /alerts` (Alertmanager webhook v4), `GET /jobs/{id}`, `GET /jobs`, `/healthz`,
 `/readyz`, `/metrics`, `/openapi.json`. Every route but the probes (`/healthz`, `/readyz`) and
@@ -6,20 +6,29 @@ Routes: `POST /alerts` (Alertmanager webhook v4), `GET /jobs/{id}`, `GET /jobs`,
 explicitly (`allow_unauthenticated`, logged as a warning at start). `POST /alerts` checks, in
 order: the bearer token (before the body is read), the content type (415), the size (413,
 from Content-Length and again while the body streams in, so an oversized body is never buffered
-whole), the payload (422 naming the field). It answers 202 once every new job is in Redis, 200
-when everything was already recorded (a duplicate delivery) or needs no playbook, and 503 when
-Redis is unreachable so Alertmanager retries. The token never reaches a log.
+whole), the payload (422 naming the field). It answers 202 once every new job and its audit
+record are in Redis (one script for both, see `jobs.py`), 200 when everything was already
+recorded (a duplicate delivery) or needs no playbook, and 503 when Redis or the audit trail is
+unavailable, with nothing recorded, so Alertmanager retries. The token never reaches a log.
+
+`POST /alerts` is the hot path (thousands of deliveries a second): `ReceiverApp` answers it
+straight from the ASGI call with `serve_alerts`, skipping FastAPI's middleware, routing and
+dependency layers; the registered route documents it and runs the same `receive_alerts`. The
+guard rails (modes, budgets, breakers, pauses) are not on this path: the worker applies them
+when it runs the job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import redis
@@ -30,8 +39,12 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field, SecretStr, ValidationError
+from starlette.requests import ClientDisconnect
+from starlette.types import Message, Receive, Scope, Send
 
-from redline.remediation.audit import AsyncAuditLog, AuditEntry, AuditError
+from redline.core.redisconn import async_wait_for_replicas, open_async_redis
+from redline.core.settings import SettingsError as _SettingsError
+from redline.remediation.audit import AsyncAuditLog, AuditError
 from redline.remediation.guards import (
     Policies,
     build_snapshot,
@@ -40,7 +53,7 @@ from redline.remediation.guards import (
     read_active_jobs,
     read_guard_hashes,
 )
-from redline.remediation.jobs import AsyncJobStore, IngestOutcome, Job, JobStatus
+from redline.remediation.jobs import AsyncJobStore, Job, JobStatus
 from redline.remediation.metrics import (
     AuditStatus,
     WebhookCounters,
@@ -52,6 +65,8 @@ from redline.remediation.metrics import (
 )
 from redline.remediation.models import WebhookPayload
 from redline.remediation.settings import RemediationSettings
+from redline.slo.load import SpecError, load_spec
+from redline.slo.spec import RedisDurability
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +74,9 @@ JOB_ID = r"^[0-9a-f]{32}$"
 BEARER = HTTPBearer(auto_error=False, description="The webhook bearer token.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 STORE_DOWN = "job store (Redis) unavailable; nothing was recorded, retry later"
+AUDIT_DOWN = "audit trail unavailable; nothing was recorded, retry later"
+UNAUTHORIZED = "missing or wrong bearer token"
+RETRY = (("Retry-After", "1"),)
 
 
 class AlertOutcome(BaseModel):
@@ -109,6 +127,8 @@ class ReceiverState:
         # None only when the settings open the endpoints explicitly.
         self.token = None if token is None else token.get_secret_value().encode("utf-8")
         self.policies = policies
+        self.durability = RedisDurability()
+        """Replica acknowledgements a job needs before its 202 (the spec's `redis`)."""
         self.playbooks = known_playbooks(policies, playbooks)
         self.counters = WebhookCounters()
         self._client: aredis.Redis | None = None
@@ -120,17 +140,17 @@ class ReceiverState:
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         """Open the Redis client for the app's lifetime."""
-        client = aredis.Redis.from_url(
+        client = open_async_redis(
             self.settings.redis_url,
             decode_responses=True,
             socket_connect_timeout=1.0,
             socket_timeout=3.0,
         )
         self._client = client
-        self._store = AsyncJobStore(
-            client, self.settings.key_prefix, self.settings.retention_seconds
-        )
         self._audit = AsyncAuditLog(client, self.settings.key_prefix, self.settings.audit_file)
+        self._store = AsyncJobStore(
+            client, self.settings.key_prefix, self.settings.retention_seconds, self._audit
+        )
         try:
             await self._store.ensure_group()
         except redis.RedisError as exc:
@@ -179,32 +199,96 @@ class ReceiverState:
 
     def check_token(self, credentials: HTTPAuthorizationCredentials | None) -> None:
         """401 unless the request carries the bearer token (constant-time compare)."""
-        self._check(credentials.credentials if credentials else None)
+        if not self._authorized(credentials.credentials if credentials else None):
+            raise HTTPException(
+                status_code=401, detail=UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"}
+            )
 
-    def check_authorization(self, header: str | None) -> None:
-        """`check_token` on a raw Authorization header (the hot path skips FastAPI's DI)."""
+    def bearer_ok(self, header: str | None) -> bool:
+        """True when a raw Authorization header carries the bearer token (constant time)."""
         scheme, _, credentials = (header or "").partition(" ")
-        self._check(credentials if scheme.lower() == "bearer" and credentials else None)
+        return self._authorized(credentials if scheme.lower() == "bearer" and credentials else None)
 
-    def _check(self, offered: str | None) -> None:
+    def _authorized(self, offered: str | None) -> bool:
         if self.token is None:
-            return  # opened explicitly (allow_unauthenticated), warned about at start
+            return True  # opened explicitly (allow_unauthenticated), warned about at start
         # Compared even when nothing was offered, so the answer time says nothing either way.
         given = offered.encode("utf-8") if offered else b""
-        if not hmac.compare_digest(given, self.token) or not offered:
-            raise HTTPException(
-                status_code=401,
-                detail="missing or wrong bearer token",
-                headers={"WWW-Authenticate": "Bearer"},
+        return hmac.compare_digest(given, self.token) and bool(offered)
+
+    async def receive_alerts(
+        self,
+        authorization: str | None,
+        content_type: str | None,
+        content_length: str | None,
+        chunks: AsyncIterator[bytes],
+    ) -> Answer:
+        """`POST /alerts`, whichever way it arrived: check the token, the content type, the
+        size and the payload, in that order, then record the alerts (jobs and audit records in
+        one round trip) and say what became of each."""
+        if not self.bearer_ok(authorization):
+            return Answer(401, _problem_body(UNAUTHORIZED), (("WWW-Authenticate", "Bearer"),))
+        media_type = (content_type or "").split(";", 1)[0].strip().lower()
+        if media_type != "application/json":
+            return Answer(
+                415, _problem_body(f"content type must be application/json, not {media_type!r}")
             )
+        limit = self.settings.max_body_bytes
+        body = await _read_body(content_length, chunks, limit)
+        if body is None:
+            return Answer(413, _problem_body(f"body larger than {limit} bytes"))
+        try:
+            payload = WebhookPayload.model_validate_json(body)
+        except ValidationError as exc:
+            return Answer(422, _validation_body(exc))
+        try:
+            outcomes = await self.store.ingest(payload, self.settings.dry_run)
+            ack = self.durability
+            if ack.min_replicas_ack > 0 and self._client is not None:
+                # A 202 must survive the primary's death: replicas hold the job (and its audit
+                # record) first. Too few in time: ReplicaAckError, a RedisError -> 503 below;
+                # the redelivery is a duplicate and waits again.
+                fence = f"{self.settings.key_prefix}:{{ack}}:fence"
+                await async_wait_for_replicas(
+                    self._client, ack.min_replicas_ack, ack.ack_timeout_ms, fence
+                )
+        except redis.RedisError as exc:
+            log.warning("POST /alerts: %s (%s)", STORE_DOWN, type(exc).__name__)
+            return Answer(503, _problem_body(STORE_DOWN), RETRY)
+        except AuditError as exc:
+            log.error("POST /alerts: audit trail not appended, nothing recorded: %s", exc)
+            return Answer(503, _problem_body(AUDIT_DOWN), RETRY)
+        results = Counter(outcome.result for outcome in outcomes)
+        self.counters.count(Counter(alert.status for alert in payload.alerts), results["duplicate"])
+        # The IngestResponse shape, built directly: a model per answer costs the hot path.
+        answer = {
+            "accepted": results["accepted"],
+            "duplicates": results["duplicate"],
+            "acknowledged": results["acknowledged"],
+            "alerts": [vars(outcome) for outcome in outcomes],
+        }
+        return Answer(202 if results["accepted"] else 200, answer)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What `POST /alerts` answers: status, JSON body and extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _problem_body(detail: Any, message: str | None = None) -> dict[str, Any]:
+    summary = message if message is not None else (detail if isinstance(detail, str) else None)
+    return {"detail": detail, "message": summary}
 
 
 def _problem(status: int, detail: Any, message: str | None = None, **headers: str) -> JSONResponse:
-    summary = message if message is not None else (detail if isinstance(detail, str) else None)
-    return JSONResponse({"detail": detail, "message": summary}, status_code=status, headers=headers)
+    return JSONResponse(_problem_body(detail, message), status_code=status, headers=headers)
 
 
-def _validation_problem(exc: ValidationError) -> JSONResponse:
+def _validation_body(exc: ValidationError) -> dict[str, Any]:
     errors = [
         {"loc": list(err["loc"]), "msg": err["msg"], "type": err["type"]}
         for err in exc.errors(include_url=False, include_input=False, include_context=False)
@@ -212,43 +296,91 @@ def _validation_problem(exc: ValidationError) -> JSONResponse:
     first = errors[0]
     where = ".".join(str(part) for part in first["loc"]) or "body"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return _problem(
-        422, errors, f"invalid Alertmanager webhook payload (v4): {where}: {first['msg']}{more}"
+    return _problem_body(
+        errors, f"invalid Alertmanager webhook payload (v4): {where}: {first['msg']}{more}"
     )
 
 
-async def _read_body(request: Request, limit: int) -> bytes | None:
+async def _read_body(
+    declared: str | None, chunks: AsyncIterator[bytes], limit: int
+) -> bytes | None:
     """The body, or None as soon as it exceeds `limit` bytes (declared or streamed)."""
-    declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return None
     body = bytearray()
-    async for chunk in request.stream():
+    async for chunk in chunks:
         body.extend(chunk)
         if len(body) > limit:
             return None
     return bytes(body)
 
 
-def _audit_entries(payload: WebhookPayload, outcomes: list[IngestOutcome]) -> list[AuditEntry]:
-    entries: list[AuditEntry] = []
-    for alert, outcome in zip(payload.alerts, outcomes, strict=True):
-        common = {
-            "fingerprint": alert.fingerprint,
-            "status": alert.status,
-            "alertname": alert.labels.get("alertname", ""),
-            "receiver": payload.receiver,
-            "group_key": payload.group_key,
-        }
-        if outcome.result == "accepted":
-            entries.append(
-                AuditEntry("job.accepted", outcome.job_id, {**common, "playbook": alert.playbook})
-            )
-        elif outcome.result == "acknowledged":
-            entries.append(
-                AuditEntry("alert.acknowledged", None, {**common, "labels": dict(alert.labels)})
-            )
-    return entries
+async def _asgi_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The request body as it arrives (what Starlette's `Request.stream` yields)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+_ALERT_HEADERS = (b"authorization", b"content-type", b"content-length")
+# What Starlette's JSONResponse renders, with one encoder instead of one per answer.
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+async def serve_alerts(state: ReceiverState, scope: Scope, receive: Receive, send: Send) -> None:
+    """`POST /alerts` as a bare ASGI handler: the same checks and answers as the FastAPI route,
+    without the framework's middleware, routing and dependency layers on every delivery."""
+    found: dict[bytes, str] = {}
+    for name, value in scope["headers"]:
+        # The first of a repeated header, as Starlette's `Headers.get` reads it.
+        if name in _ALERT_HEADERS and name not in found:
+            found[name] = value.decode("latin-1")
+    try:
+        answer = await state.receive_alerts(
+            found.get(b"authorization"),
+            found.get(b"content-type"),
+            found.get(b"content-length"),
+            _asgi_chunks(receive),
+        )
+    except ClientDisconnect:
+        return  # nobody is left to answer; nothing was recorded (the body never arrived)
+    body = _JSON.encode(answer.body).encode("utf-8")
+    headers = [
+        (b"content-length", str(len(body)).encode("latin-1")),
+        (b"content-type", b"application/json"),
+        *(
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in answer.headers
+        ),
+    ]
+    start: Message = {"type": "http.response.start", "status": answer.status, "headers": headers}
+    await send(start)
+    await send({"type": "http.response.body", "body": body})
+
+
+class ReceiverApp(FastAPI):
+    """The receiver's FastAPI app; `POST /alerts` is answered by `serve_alerts` straight from
+    the ASGI call (the webhook's hot path), every other request goes through FastAPI. The
+    `/alerts` route stays registered: it documents the operation and serves it when the app
+    runs under a root path."""
+
+    receiver: ReceiverState
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Dispatch `POST /alerts` to `serve_alerts`, the rest to FastAPI."""
+        if (
+            scope["type"] == "http"
+            and scope["path"] == "/alerts"
+            and scope["method"] == "POST"
+            and not scope.get("root_path")
+        ):
+            await serve_alerts(self.receiver, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -289,41 +421,14 @@ def build_alerts_router(state: ReceiverState) -> APIRouter:
     )
     async def post_alerts(request: Request) -> Response:
         """Record each alert of the notification as a job (or acknowledge it), then answer."""
-        state.check_authorization(request.headers.get("authorization"))
-        media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if media_type != "application/json":
-            return _problem(415, f"content type must be application/json, not {media_type!r}")
-        limit = state.settings.max_body_bytes
-        body = await _read_body(request, limit)
-        if body is None:
-            return _problem(413, f"body larger than {limit} bytes")
-        try:
-            payload = WebhookPayload.model_validate_json(body)
-        except ValidationError as exc:
-            return _validation_problem(exc)
-        try:
-            outcomes = await state.store.ingest(payload, state.settings.dry_run)
-        except redis.RedisError as exc:
-            log.warning("POST /alerts: %s (%s)", STORE_DOWN, type(exc).__name__)
-            return _problem(503, STORE_DOWN, **{"Retry-After": "1"})
-        results = Counter(outcome.result for outcome in outcomes)
-        state.counters.count(
-            Counter(alert.status for alert in payload.alerts), results["duplicate"]
+        headers = request.headers
+        answer = await state.receive_alerts(
+            headers.get("authorization"),
+            headers.get("content-type"),
+            headers.get("content-length"),
+            request.stream(),
         )
-        try:
-            await state.audit.append_many(_audit_entries(payload, outcomes))
-        except (redis.RedisError, AuditError) as exc:
-            # The jobs are recorded; the worker's job.started record carries the full alert.
-            log.error("POST /alerts: audit trail not appended: %s", exc)
-            return _problem(503, "jobs recorded but the audit trail is unavailable; retry")
-        # The IngestResponse shape, built directly: a model per answer costs the hot path.
-        answer = {
-            "accepted": results["accepted"],
-            "duplicates": results["duplicate"],
-            "acknowledged": results["acknowledged"],
-            "alerts": [vars(outcome) for outcome in outcomes],
-        }
-        return JSONResponse(answer, status_code=202 if results["accepted"] else 200)
+        return JSONResponse(answer.body, status_code=answer.status, headers=dict(answer.headers))
 
     return router
 
@@ -452,6 +557,14 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
     return router
 
 
+def load_durability(settings: RemediationSettings) -> RedisDurability:
+    """The spec's `redis` section (replica acknowledgements); SettingsError if it won't load."""
+    try:
+        return load_spec(settings.spec).spec.redis
+    except SpecError as exc:
+        raise _SettingsError("\n".join(exc.problems)) from None
+
+
 def build_receiver_app(
     settings: RemediationSettings,
     *,
@@ -473,13 +586,14 @@ def build_receiver_app(
     if policies is None:
         policies = load_policies(settings.spec, settings.profile, settings.policies)
     state = ReceiverState(settings, secret, policies, playbooks)
-    app = FastAPI(
+    state.durability = load_durability(settings)
+    app = ReceiverApp(
         title="redline remediation receiver",
         version="1",
         description="Alertmanager webhook receiver: durable, idempotent, audited remediation.",
         lifespan=state.lifespan,
     )
-    app.state.receiver = state
+    app.state.receiver = app.receiver = state
     for router in (build_alerts_router(state), build_jobs_router(state), build_ops_router(state)):
         # The routes themselves, not the routers: an included router is one more dispatch layer
         # on every request, measurable at thousands of webhook deliveries a second.

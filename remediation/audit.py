@@ -38,16 +38,27 @@ log = logging.getLogger(__name__)
 GENESIS = "0" * 64
 RECORD_FIELDS = ("seq", "ts", "kind", "job_id", "data", "prev", "hash")
 
-_APPEND_LUA = """
-local head = redis.call('GET', KEYS[2])
-if not head then
-  if redis.call('LLEN', KEYS[1]) > 0 then return {-1, 'audit head key missing'} end
-  head = '0:' .. ARGV[3]
+HEAD_MISSING = "audit head key missing"
+
+# The stored head (`<count>:<hash>`), the genesis head for an empty trail, or nil when records
+# exist without a head (a tampered or half-restored trail: never silently restarted). Shared by
+# every script that appends to the chain (here and the receiver's enqueue script).
+LUA_AUDIT_HEAD = """
+local function audit_head(records_key, head_key, genesis)
+  local head = redis.call('GET', head_key)
+  if head then return head end
+  if redis.call('LLEN', records_key) > 0 then return nil end
+  return '0:' .. genesis
 end
-if head ~= ARGV[1] then return {0, head} end
+"""
+
+_APPEND_LUA = f"""{LUA_AUDIT_HEAD}
+local head = audit_head(KEYS[1], KEYS[2], ARGV[3])
+if not head then return {{-1, '{HEAD_MISSING}'}} end
+if head ~= ARGV[1] then return {{0, head}} end
 for i = 4, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
 redis.call('SET', KEYS[2], ARGV[2])
-return {1, ARGV[2]}
+return {{1, ARGV[2]}}
 """
 
 
@@ -85,9 +96,13 @@ class Head:
 EMPTY_HEAD = Head(0, GENESIS)
 
 
+# One encoder for every record: `json.dumps` with options builds a new one per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """Deterministic JSON: sorted keys, no whitespace, non-ASCII kept, no NaN."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
 
 
 def record_hash(record: Mapping[str, Any]) -> str:
@@ -96,8 +111,17 @@ def record_hash(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def _jsonable(value: Any) -> Any:
     # Records must survive a JSON round trip unchanged, or verification would flag them.
+    # Exact types first: ABC isinstance checks cost the receiver's hot path more than the rest.
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is dict:
+        return {k if type(k) is str else str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
@@ -109,8 +133,11 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def build_records(head: Head, entries: Sequence[AuditEntry], now: datetime) -> list[str]:
-    """The serialized records that extend the chain at `head` with `entries`, in order."""
+def extend_chain(
+    head: Head, entries: Sequence[AuditEntry], now: datetime
+) -> tuple[list[str], Head]:
+    """The serialized records that extend the chain at `head` with `entries`, in order, and the
+    head after them."""
     records: list[str] = []
     prev = head.hash
     stamp = now.astimezone(UTC).isoformat(timespec="microseconds")
@@ -123,16 +150,15 @@ def build_records(head: Head, entries: Sequence[AuditEntry], now: datetime) -> l
             "data": _jsonable(entry.data),
             "prev": prev,
         }
-        record["hash"] = prev = record_hash(record)
+        # What `record_hash` computes; the record has no `hash` to leave out yet.
+        record["hash"] = prev = hashlib.sha256(canonical_json(record).encode("utf-8")).hexdigest()
         records.append(canonical_json(record))
-    return records
+    return records, Head(head.count + len(records), prev)
 
 
-def head_after(head: Head, records: Sequence[str]) -> Head:
-    """The head once `records` (built on `head`) are appended."""
-    if not records:
-        return head
-    return Head(head.count + len(records), json.loads(records[-1])["hash"])
+def build_records(head: Head, entries: Sequence[AuditEntry], now: datetime) -> list[str]:
+    """The serialized records that extend the chain at `head` with `entries`, in order."""
+    return extend_chain(head, entries, now)[0]
 
 
 @dataclass(frozen=True)
@@ -367,8 +393,7 @@ class AuditLog:
             return
         with self._lock:
             for _ in range(1000):
-                records = build_records(self._head, entries, datetime.now(UTC))
-                new_head = head_after(self._head, records)
+                records, new_head = extend_chain(self._head, entries, datetime.now(UTC))
                 status, value = _parse_reply(
                     self._script(
                         keys=[self.keys.records, self.keys.head],
@@ -418,7 +443,12 @@ class AuditLog:
 
 
 class AsyncAuditLog:
-    """The receiver's appender: concurrent requests are committed together (group commit)."""
+    """The receiver's appender: concurrent requests are committed together (group commit).
+
+    The receiver's job store appends the records of new alerts in its own enqueue script (one
+    round trip for the jobs and their records); it builds them on `known_head` and moves it on,
+    like `append_many` does, and brings the mirror up to date with `sync_file`.
+    """
 
     def __init__(self, client: aredis.Redis, prefix: str, file: Path | None = None) -> None:
         self._client = client
@@ -427,7 +457,7 @@ class AsyncAuditLog:
         self._script = client.register_script(_APPEND_LUA)
         self._lock = asyncio.Lock()
         self._pending: list[tuple[Sequence[AuditEntry], asyncio.Future[None]]] = []
-        self._head = EMPTY_HEAD
+        self.known_head = EMPTY_HEAD
 
     async def append_many(self, entries: Sequence[AuditEntry]) -> None:
         """Append `entries` (with whatever else is waiting) and return once they are in Redis."""
@@ -468,29 +498,34 @@ class AsyncAuditLog:
         mirror = await asyncio.to_thread(verify_file, self.file)
         return chain, mirror_prefix_of(lines, chain, mirror, str(self.file))
 
+    async def sync_file(self) -> None:
+        """Append to the JSONL mirror every record it does not have yet (errors are logged)."""
+        if self.file is None:
+            return
+        file = self.file
+        try:
+            start = await asyncio.to_thread(file_last_seq, file) + 1
+            lines = cast(list[str], await self._client.lrange(self.keys.records, start, -1))
+            if lines:
+                await asyncio.to_thread(mirror_to_file, file, lines, start)
+        except (OSError, AuditError) as exc:
+            # Redis holds the authoritative chain; a broken mirror must not stop remediation.
+            log.error("audit mirror %s not updated: %s", file, exc)
+
     async def _commit(self, entries: list[AuditEntry]) -> None:
         for _ in range(1000):
-            records = build_records(self._head, entries, datetime.now(UTC))
-            new_head = head_after(self._head, records)
+            records, new_head = extend_chain(self.known_head, entries, datetime.now(UTC))
             reply = await self._script(
                 keys=[self.keys.records, self.keys.head],
-                args=[self._head.render(), new_head.render(), GENESIS, *records],
+                args=[self.known_head.render(), new_head.render(), GENESIS, *records],
             )
             status, value = _parse_reply(reply)
             if status == 1:
-                self._head = new_head
+                self.known_head = new_head
                 break
             if status < 0:
                 raise AuditError(value)
-            self._head = Head.parse(value)
+            self.known_head = Head.parse(value)
         else:
             raise AuditError("audit append kept conflicting with other writers")
-        if self.file is not None:
-            file = self.file
-            try:
-                start = await asyncio.to_thread(file_last_seq, file) + 1
-                lines = cast(list[str], await self._client.lrange(self.keys.records, start, -1))
-                if lines:
-                    await asyncio.to_thread(mirror_to_file, file, lines, start)
-            except (OSError, AuditError) as exc:
-                log.error("audit mirror %s not updated: %s", file, exc)
+        await self.sync_file()

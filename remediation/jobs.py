@@ -18,12 +18,16 @@ may touch them together):
 | `{p}:breaker` | hash | `failures|<playbook>`: failed runs in a row; `open|<playbook>`: JSON |
 | `{p}:budget:<playbook>:<target>` | zset | job ids admitted to act on the target, by time (ms) |
 
-Enqueue is one Lua script per alert: `SET NX` of the idempotency key, `HSET` of the job, `XADD`
-to the stream and `ZADD` to the index happen together or not at all, before the receiver
-answers (concurrent deliveries share one pipeline: group commit). A job leaves the stream only
-in the script that records its final state or moves it to `delayed`, and only while the worker
-settling it still owns its entry; a promoted delayed job is re-added in one script. So a job is
-never lost between states, and never runnable twice at once.
+The receiver enqueues with one Lua script per group commit (the deliveries that arrived while
+the previous commit was in flight): for every new alert, the idempotency key, the job hash, the
+stream entry, the index entries and the alert's hash-chained audit record (`audit.py`) are
+written together or not at all, in one round trip, before any of those deliveries is answered.
+The records are built on the audit head the receiver last saw; when another writer moved it on,
+or a key turned out to be taken, the script writes nothing and the receiver rebuilds.
+
+A job leaves the stream only in the script that records its final state or moves it to
+`delayed`, and only while the worker settling it still owns its entry; a promoted delayed job is
+re-added in one script. So a job is never lost between states, and never runnable twice at once.
 
 "Recorded in Redis" is as durable as Redis is configured to be: `start_redis` runs with AOF and
 `appendfsync everysec` (a crash of the Redis host may lose the last second); use
@@ -44,6 +48,16 @@ import redis
 import redis.asyncio as aredis
 from pydantic import BaseModel, Field
 
+from redline.remediation.audit import (
+    GENESIS,
+    HEAD_MISSING,
+    LUA_AUDIT_HEAD,
+    AsyncAuditLog,
+    AuditEntry,
+    AuditError,
+    Head,
+    extend_chain,
+)
 from redline.remediation.models import Alert, WebhookPayload, idempotency_key
 
 JobStatus = Literal[
@@ -53,25 +67,52 @@ JobStatus = Literal[
 TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "planned", "shadowed", "skipped"})
 GROUP = "workers"
 
-_ENQUEUE_LUA = """
-local existing = redis.call('GET', KEYS[1])
-if existing then return {0, existing} end
-if ARGV[1] == '' then
-  redis.call('SET', KEYS[1], 'ack', 'EX', ARGV[2])
-  return {2, 'ack'}
+# The receiver's group commit: every new alert of the waiting deliveries and its audit record,
+# in one script. KEYS: stream, index, active, audit records, audit head, then the idempotency
+# key and job key of each alert. ARGV: ttl (s), now (ms), index retention (ms), the audit head
+# the records were built on, the head after them, the genesis hash, the number of alerts, then
+# each alert's job id ('' for an alert without a playbook: acknowledged only) and job fields
+# (JSON), then the audit records. Nothing is written unless every idempotency key is new and the
+# head is still the one the records were built on; otherwise the reply says which alerts were
+# already recorded (position, stored value) and the current head, and the caller rebuilds.
+_INGEST_LUA = f"""{LUA_AUDIT_HEAD}
+local head = audit_head(KEYS[4], KEYS[5], ARGV[6])
+if not head then return {{-1, '{HEAD_MISSING}'}} end
+local count = tonumber(ARGV[7])
+local recorded = {{}}
+for i = 1, count do
+  local existing = redis.call('GET', KEYS[4 + 2 * i])
+  if existing then
+    recorded[#recorded + 1] = i
+    recorded[#recorded + 1] = existing
+  end
 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-local flat = {}
-for name, value in pairs(cjson.decode(ARGV[5])) do
-  flat[#flat + 1] = name
-  flat[#flat + 1] = value
+if #recorded > 0 or head ~= ARGV[4] then return {{0, head, recorded}} end
+local queued = false
+for i = 1, count do
+  local id = ARGV[6 + 2 * i]
+  if id == '' then
+    redis.call('SET', KEYS[4 + 2 * i], 'ack', 'EX', ARGV[1])
+  else
+    redis.call('SET', KEYS[4 + 2 * i], id, 'EX', ARGV[1])
+    local flat = {{}}
+    for name, value in pairs(cjson.decode(ARGV[7 + 2 * i])) do
+      flat[#flat + 1] = name
+      flat[#flat + 1] = value
+    end
+    redis.call('HSET', KEYS[5 + 2 * i], unpack(flat))
+    redis.call('XADD', KEYS[1], '*', 'job', id)
+    redis.call('ZADD', KEYS[2], ARGV[2], id)
+    redis.call('ZADD', KEYS[3], ARGV[2], id)
+    queued = true
+  end
 end
-redis.call('HSET', KEYS[2], unpack(flat))
-redis.call('XADD', KEYS[3], '*', 'job', ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
-redis.call('ZADD', KEYS[5], ARGV[3], ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[3]) - tonumber(ARGV[4]))
-return {1, ARGV[1]}
+if queued then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', tonumber(ARGV[2]) - tonumber(ARGV[3]))
+end
+for i = 8 + 2 * count, #ARGV do redis.call('RPUSH', KEYS[4], ARGV[i]) end
+redis.call('SET', KEYS[5], ARGV[5])
+return {{1, ARGV[5]}}
 """
 
 _PROMOTE_LUA = """
@@ -573,29 +614,76 @@ class JobStore:
 
 _PendingIngest = tuple[WebhookPayload, bool, "asyncio.Future[list[IngestOutcome]]"]
 
+ACKNOWLEDGED = "ack"
+"""What the idempotency key of an alert without a playbook holds (there is no job id)."""
 
-def _outcomes(payload: WebhookPayload, replies: Sequence[Any]) -> list[IngestOutcome]:
-    outcomes: list[IngestOutcome] = []
-    for alert, (status, value) in zip(payload.alerts, replies, strict=True):
-        code = int(status)
-        result: Literal["accepted", "duplicate", "acknowledged"] = (
-            "accepted" if code == 1 else "acknowledged" if code == 2 else "duplicate"
-        )
-        job_id = None if value == "ack" else str(value)
-        outcomes.append(
-            IngestOutcome(alert.fingerprint, alert.status, alert.playbook, job_id, result)
-        )
-    return outcomes
+
+def build_ingest_entry(alert: Alert, payload: WebhookPayload, job_id: str | None) -> AuditEntry:
+    """The audit record of a new alert: `job.accepted` with its job, or `alert.acknowledged`."""
+    common = {
+        "fingerprint": alert.fingerprint,
+        "status": alert.status,
+        "alertname": alert.labels.get("alertname", ""),
+        "receiver": payload.receiver,
+        "group_key": payload.group_key,
+    }
+    if job_id is None:
+        return AuditEntry("alert.acknowledged", None, {**common, "labels": dict(alert.labels)})
+    return AuditEntry("job.accepted", job_id, {**common, "playbook": alert.playbook})
+
+
+@dataclass(frozen=True)
+class _NewAlert:
+    """An alert of a group commit whose idempotency key was free when last looked at."""
+
+    key: str
+    job_id: str  # "" when the alert names no playbook: acknowledged, no job
+    fields: str  # the job hash as one JSON argument ("{}" without a job)
+    entry: AuditEntry
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    """What a group commit did: each delivery's idempotency keys (in alert order), the keys it
+    wrote (value: job id or ACKNOWLEDGED) and those it found recorded already."""
+
+    keys: list[list[str]]
+    written: dict[str, str]
+    found: dict[str, str]
+
+    def outcomes(self, batch: Sequence[_PendingIngest]) -> list[list[IngestOutcome]]:
+        """Each delivery's outcomes: the first alert of the commit with a written key is new,
+        any later one with the same key (a concurrent or repeated delivery) a duplicate."""
+        claimed: set[str] = set()
+        answers: list[list[IngestOutcome]] = []
+        for (payload, _, _), keys in zip(batch, self.keys, strict=True):
+            mine: list[IngestOutcome] = []
+            for alert, key in zip(payload.alerts, keys, strict=True):
+                value = self.written.get(key)
+                result: Literal["accepted", "duplicate", "acknowledged"] = "duplicate"
+                if value is not None and key not in claimed:
+                    claimed.add(key)
+                    result = "acknowledged" if value == ACKNOWLEDGED else "accepted"
+                stored = value if value is not None else self.found[key]
+                job_id = None if stored == ACKNOWLEDGED else stored
+                mine.append(
+                    IngestOutcome(alert.fingerprint, alert.status, alert.playbook, job_id, result)
+                )
+            answers.append(mine)
+        return answers
 
 
 class AsyncJobStore:
-    """The receiver's store operations (asyncio)."""
+    """The receiver's store operations (asyncio); new alerts are audited through `audit`."""
 
-    def __init__(self, client: aredis.Redis, prefix: str, retention_seconds: int) -> None:
+    def __init__(
+        self, client: aredis.Redis, prefix: str, retention_seconds: int, audit: AsyncAuditLog
+    ) -> None:
         self.client = client
         self.keys = StoreKeys(prefix)
         self.retention_seconds = retention_seconds
-        self._enqueue = client.register_script(_ENQUEUE_LUA)
+        self.audit = audit
+        self._ingest = client.register_script(_INGEST_LUA)
         self._lock = asyncio.Lock()
         self._pending: list[_PendingIngest] = []
 
@@ -612,11 +700,13 @@ class AsyncJobStore:
         return bool(await self.client.ping())
 
     async def ingest(self, payload: WebhookPayload, dry_run: bool) -> list[IngestOutcome]:
-        """Record every alert of `payload` and return once they are in Redis.
+        """Record every new alert of `payload` and its audit record; return once both are in
+        Redis. On redis.RedisError or AuditError nothing of this delivery was recorded.
 
-        One atomic script per alert. Deliveries that arrive while a commit is in flight are
-        committed together in the next pipeline (group commit): one round trip for many
-        requests, each answered only after its own alerts are recorded.
+        Deliveries that arrive while a commit is in flight are committed together in the next
+        one (group commit): one script, so one round trip, records the new jobs of many
+        requests and their audit records atomically; each request is answered only after its
+        own alerts are recorded.
         """
         future: asyncio.Future[list[IngestOutcome]] = asyncio.get_running_loop().create_future()
         self._pending.append((payload, dry_run, future))
@@ -628,11 +718,8 @@ class AsyncJobStore:
 
     async def _commit(self, batch: list[_PendingIngest]) -> None:
         try:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for payload, dry_run, _ in batch:
-                    await self._queue(pipe, payload, dry_run)
-                replies: list[Any] = await pipe.execute()
-        except redis.RedisError as exc:
+            recorded = await self._record(batch)
+        except (redis.RedisError, AuditError) as exc:
             for _, _, waiting in batch:
                 waiting.set_exception(exc)
             return
@@ -642,32 +729,77 @@ class AsyncJobStore:
                 if not waiting.done():
                     waiting.set_exception(redis.ConnectionError("ingest commit interrupted"))
             raise
-        position = 0
-        for payload, _, waiting in batch:
-            count = len(payload.alerts)
-            waiting.set_result(_outcomes(payload, replies[position : position + count]))
-            position += count
+        for (_, _, waiting), outcomes in zip(batch, recorded.outcomes(batch), strict=True):
+            waiting.set_result(outcomes)
 
-    async def _queue(self, pipe: Any, payload: WebhookPayload, dry_run: bool) -> None:
+    async def _record(self, batch: list[_PendingIngest]) -> _Recorded:
         stamp = now_iso()
-        now_ms = int(time.time() * 1000)
+        keys: list[list[str]] = []
+        new: dict[str, _NewAlert] = {}
+        for payload, dry_run, _ in batch:
+            keys.append([])
+            for alert in payload.alerts:
+                key = idempotency_key(alert)
+                keys[-1].append(key)
+                if key not in new:
+                    new[key] = self._new_alert(alert, payload, key, dry_run, stamp)
+        found: dict[str, str] = {}
+        for _ in range(1000):
+            if not new:
+                break
+            todo = list(new.values())
+            taken = await self._write(todo)
+            if taken is None:
+                await self.audit.sync_file()
+                break
+            # Keys recorded meanwhile (another receiver, an earlier delivery of the same alert)
+            # are duplicates; the others are rebuilt on the current audit head and tried again.
+            for position, value in taken:
+                found[todo[position].key] = value
+                del new[todo[position].key]
+        else:
+            raise AuditError("audit append kept conflicting with other writers")
+        written = {item.key: item.job_id or ACKNOWLEDGED for item in new.values()}
+        return _Recorded(keys, written, found)
+
+    def _new_alert(
+        self, alert: Alert, payload: WebhookPayload, key: str, dry_run: bool, stamp: str
+    ) -> _NewAlert:
+        if alert.playbook is None:
+            return _NewAlert(key, "", "{}", build_ingest_entry(alert, payload, None))
+        job_id = key[:32]
+        fields = build_job_fields(alert, payload, key, dry_run or alert.dry_run_requested, stamp)
+        entry = build_ingest_entry(alert, payload, job_id)
+        # One JSON argument, not 22: packing arguments dominates the client's cost.
+        return _NewAlert(key, job_id, json.dumps(fields), entry)
+
+    async def _write(self, todo: Sequence[_NewAlert]) -> list[tuple[int, str]] | None:
+        """One run of the ingest script: None when it recorded everything, else what it found
+        recorded already (position in `todo`, stored value) and it wrote nothing."""
+        head = self.audit.known_head
+        records, after = extend_chain(head, [item.entry for item in todo], datetime.now(UTC))
         ttl = self.retention_seconds
-        for alert in payload.alerts:
-            key = idempotency_key(alert)
-            if alert.playbook is None:
-                job_id, fields = "", "{}"
-            else:
-                job_id = key[:32]
-                # One JSON argument, not 22: packing arguments dominates the client's cost.
-                fields = json.dumps(
-                    build_job_fields(alert, payload, key, dry_run or alert.dry_run_requested, stamp)
-                )
-            await self._enqueue(
-                keys=[self.keys.idem(key), self.keys.job(job_id or "-"), self.keys.stream,
-                      self.keys.index, self.keys.active],
-                args=[job_id, ttl, now_ms, ttl * 1000, fields],
-                client=pipe,
-            )  # fmt: skip
+        keys = [self.keys.stream, self.keys.index, self.keys.active,
+                self.audit.keys.records, self.audit.keys.head]  # fmt: skip
+        args: list[str | int] = [ttl, int(time.time() * 1000), ttl * 1000,
+                                 head.render(), after.render(), GENESIS, len(todo)]  # fmt: skip
+        for item in todo:
+            keys += (self.keys.idem(item.key), self.keys.job(item.job_id or "-"))
+            args += (item.job_id, item.fields)
+        args += records
+        reply: list[Any] = await self._ingest(keys=keys, args=args)
+        status = int(reply[0])
+        if status < 0:
+            raise AuditError(str(reply[1]))
+        if status == 1:
+            self.audit.known_head = after
+            return None
+        self.audit.known_head = Head.parse(str(reply[1]))
+        pairs = reply[2]
+        return [
+            (int(position) - 1, str(value))
+            for position, value in zip(pairs[::2], pairs[1::2], strict=True)
+        ]
 
     async def get(self, job_id: str) -> Job | None:
         """The job with its steps, or None."""

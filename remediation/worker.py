@@ -45,6 +45,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
+from redline.core.redisconn import open_redis
 from redline.remediation.audit import AuditLog
 from redline.remediation.guards import (
     GuardStore,
@@ -91,7 +92,7 @@ class StepFailedError(PlaybookError):
 
 def connect(settings: RemediationSettings) -> redis.Redis:
     """A Redis client for workers: short connect timeout, read timeout above the block time."""
-    return redis.Redis.from_url(
+    return open_redis(
         settings.redis_url,
         decode_responses=True,
         socket_connect_timeout=2.0,

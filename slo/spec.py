@@ -528,6 +528,21 @@ class Remediation(_Model):
         return found.get(name) or PlaybookPolicy()
 
 
+class RedisDurability(_Model):
+    """How durable redline's writes to Redis must be before they are acknowledged."""
+
+    min_replicas_ack: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Replicas that must acknowledge (WAIT) a write that must not be lost (a job "
+        "answered 202, an audit record) before it is acknowledged; 0: no WAIT (one Redis).",
+    )
+    ack_timeout_ms: int = Field(
+        500, ge=1, le=60_000, description="How long WAIT waits for those replicas (ms)."
+    )
+
+
 class Receiver(_Model):
     """Where Alertmanager sends alerts for remediation."""
 
@@ -924,6 +939,10 @@ class Spec(_Model):
         default_factory=dict, description="Named timing profiles, applied with --profile."
     )
     receiver: Receiver = Field(default_factory=Receiver)
+    redis: RedisDurability = Field(
+        default_factory=RedisDurability,
+        description="Replica acknowledgements (WAIT) for writes that must survive a failover.",
+    )
     spot: Spot = Field(default_factory=Spot, description="Spot GPU preemption handling.")
     remediation: Remediation = Field(
         default_factory=Remediation, description="Per-playbook mode, budget, breaker, deadline."

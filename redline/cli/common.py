@@ -46,9 +46,21 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def require_redis(url: str, setting: str = "redis_url (--redis-url, REDLINE_REDIS_URL)") -> None:
+    """Exit 2 naming `setting` when the Redis URL cannot be used (malformed, no sentinel...)."""
+    from redline.core.redisconn import RedisConfigError, check_redis  # light module import
+
+    try:
+        check_redis(url, setting)
+    except RedisConfigError as exc:
+        raise fail(str(exc)) from None
+
+
 def serve(app: Any, settings: ServiceSettings, port: int, banner: str) -> None:
-    """Log at the settings' level, print `banner`, run `app` under uvicorn until stopped."""
+    """Check the Redis URL, log at the settings' level, print `banner`, run `app` under uvicorn."""
     import uvicorn  # here, not at the top: the module must stay light to import
+
+    require_redis(settings.redis_url)
 
     logging.basicConfig(level=settings.log_level.upper())
     out.print(banner, markup=False)

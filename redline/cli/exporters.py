@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from redline.cli.common import err, fail, out
+from redline.cli.common import err, fail, out, require_redis
 from redline.core.settings import SettingsError
 from redline.exporters.settings import ExporterSettings, load_exporter_settings
 from redline.platform.snapshots import (
@@ -93,6 +93,7 @@ def exporters(
         profile=profile,
         log_level=log_level,
     )
+    require_redis(settings.redis_url)
     the_spec = _spec(settings)
     level = settings.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -26,6 +26,7 @@ import typer
 from pymilvus import MilvusException
 
 from redline.cli.common import err, fail, out
+from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, load_settings, read_secret
 from redline.platform.index import (
     DeltaLog,
@@ -131,7 +132,7 @@ def _open(
             "redline's write path, replicator and replay do not apply to it",
             2,
         )
-    client = redis.Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    client = open_redis(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     t = settings.milvus_timeout_seconds
     primary = MilvusTarget(index.primary, index.dim, t, index.metric_type)
     replica = MilvusTarget(index.replica, index.dim, t, index.metric_type)

@@ -14,6 +14,7 @@ import redis
 import typer
 
 from redline.cli.common import ConfigOpt, err, fail, out
+from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, load_settings
 from redline.gateway.settings import GatewaySettings
 from redline.platform.promptlog import PromptLog, PromptLogError
@@ -44,7 +45,7 @@ def _open(
     except SettingsError as exc:
         raise fail(str(exc)) from None
     section = settings.prompt_log
-    client = redis.Redis.from_url(
+    client = open_redis(
         redis_url or section.redis_url or settings.redis_url, socket_connect_timeout=2.0
     )
     return PromptLog(client, directory or section.directory, prefix or section.key_prefix)

@@ -23,7 +23,8 @@ import typer
 import uvicorn
 from rich.console import Console
 
-from redline.cli.common import err, fail, out
+from redline.cli.common import err, fail, out, require_redis
+from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, load_settings
 from redline.remediation.app import build_receiver_app
 from redline.remediation.audit import (
@@ -175,6 +176,7 @@ def serve(
         workers=workers, playbooks=playbooks, audit_file=audit_file, dry_run=dry_run,
     )  # fmt: skip
     _logging(settings.log_level)
+    require_redis(settings.redis_url)
     registry = _registry(settings)
     _check_spec(settings, registry)
     policies = _policies(settings)
@@ -224,6 +226,7 @@ def worker(
         config, redis_url=redis_url, workers=workers, playbooks=playbooks, audit_file=audit_file
     )
     _logging(settings.log_level)
+    require_redis(settings.redis_url)
     registry = _registry(settings)
     policies = _policies(settings)
     _check_startup(registry, policies)
@@ -252,7 +255,7 @@ def _guarded(
     config: Path | None, redis_url: str | None, playbooks: str | None, playbook: str | None
 ) -> tuple[RemediationSettings, redis.Redis, GuardStore]:
     settings = _settings(config, redis_url=redis_url, playbooks=playbooks)
-    client = redis.Redis.from_url(
+    client = open_redis(
         settings.redis_url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=5.0
     )
     guards = GuardStore(client, settings.key_prefix)
@@ -400,9 +403,7 @@ def verify(
     results: list[VerifyResult] = []
     redis_result: VerifyResult | None = None
     if use_redis:
-        client = redis.Redis.from_url(
-            settings.redis_url, decode_responses=True, socket_connect_timeout=2.0
-        )
+        client = open_redis(settings.redis_url, decode_responses=True, socket_connect_timeout=2.0)
         try:
             redis_result = AuditLog(client, settings.key_prefix).verify()
         except (redis.RedisError, AuditError) as exc:

@@ -170,6 +170,14 @@ def up(
             "round-robin service front (a Kubernetes Service stand-in).",
         ),
     ] = DEFAULT_PODS,
+    redis: Annotated[
+        str,
+        typer.Option(
+            "--redis",
+            help="Redis topology: single (one redis-server) or sentinel (a primary, a replica "
+            "and three Sentinels; every part gets the Sentinel URL).",
+        ),
+    ] = "single",
 ) -> None:
     """Start the local stack (every part detached) and print where everything is."""
     options = UpOptions(
@@ -181,6 +189,7 @@ def up(
         prometheus_regions=regions,
         source=source,
         pods=pods,
+        redis=redis,
     )
     try:
         with interrupt_on_signals() as guard:
@@ -276,7 +285,7 @@ def register(app: typer.Typer) -> None:
 
 DRILL_HELP = (
     f"Drill name(s): all ({', '.join(DRILL_ORDER)}), each of those, or a spot drill: "
-    f"{', '.join(SPOT_DRILL_ORDER)}."
+    f"{', '.join(SPOT_DRILL_ORDER)}; or redis-failover (a stack started with --redis sentinel)."
 )
 
 

@@ -282,6 +282,10 @@ def _spec_fields(spec_path: Path | None) -> dict[str, Any]:
     return {"spec": str(spec_path) if spec_path is not None else None, "profile": "local"}
 
 
+LOCAL_QUOTAS_FILE = Path(__file__).with_name("local-quotas.yaml")
+"""The local gateway's quotas: tenants `batch` (summarise 2000 tokens/min) and `interactive`."""
+
+
 def build_gateway_settings(
     endpoints: Endpoints, spec_path: Path | None, snapshots_dir: Path | None = None
 ) -> dict[str, Any]:
@@ -299,6 +303,8 @@ def build_gateway_settings(
         # the version the gateway stamps close to what the pods serve (a registry read is cheap).
         "version_ttl_seconds": 0.1,
         "first_byte_budget_seconds": 1.0,
+        # Token quotas for two tenants (the `quota` drill); the load generator has none.
+        "quotas_file": str(LOCAL_QUOTAS_FILE),
         "log_level": "warning",
     }
 

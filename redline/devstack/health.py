@@ -15,8 +15,17 @@ from dataclasses import dataclass
 import httpx
 import redis
 
+from redline.core.redisconn import open_redis as connect_redis
 from redline.devstack.fakes.service import HEALTH_PATH as SERVICE_HEALTH_PATH
-from redline.devstack.layout import COLLECTION, INDEX_DIM, REPLICA_INDEX, StackLayout
+from redline.devstack.layout import (
+    COLLECTION,
+    INDEX_DIM,
+    REDIS_REPLICA_PART,
+    REPLICA_INDEX,
+    SENTINEL_MASTER,
+    SENTINEL_PARTS,
+    StackLayout,
+)
 from redline.devstack.loadgen import summarize_stats
 from redline.devstack.parts import part_alive
 from redline.devstack.state import PartState, StackState
@@ -62,8 +71,18 @@ class _Checker:
         """Whether a running part is healthy, and what was seen."""
         name = part.name
         url = part.url or ""
-        if name == "redis":
+        if name == "redis" and not self.state.endpoints().sentinel:
             return bool(self.db.ping()), "PONG"
+        if name in ("redis", REDIS_REPLICA_PART):
+            # The part itself, not the URL's primary: after a failover either may be primary.
+            with redis.Redis(self.state.host, part.port or 0, socket_timeout=2.0) as node:
+                info = node.info("replication")
+            link = f", link {info.get('master_link_status')}" if info["role"] == "slave" else ""
+            return info["role"] == "master" or link == ", link up", f"{info['role']}{link}"
+        if name in SENTINEL_PARTS:
+            with redis.Redis(self.state.host, part.port or 0, socket_timeout=2.0) as sentinel:
+                addr = sentinel.sentinel_get_master_addr_by_name(SENTINEL_MASTER)
+            return addr is not None, f"primary {addr[0]}:{addr[1]}" if addr else "no primary"
         if name.startswith("milvus-"):
             with socket.create_connection((self.state.host, part.port or 0), timeout=1.0):
                 return True, f"gRPC port {part.port} open"
@@ -150,9 +169,7 @@ def check_stack(state: StackState) -> list[PartHealth]:
     endpoints = state.endpoints()
     results = []
     with httpx.Client(timeout=2.0, trust_env=False) as http:
-        db = redis.Redis.from_url(
-            endpoints.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
-        )
+        db = connect_redis(endpoints.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
         try:
             checker = _Checker(state, http, db)
             for part in state.parts:

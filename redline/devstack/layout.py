@@ -33,6 +33,14 @@ MARKER_FILE = ".redline-run"
 
 SERVICE_PARTS = ("redis", "milvus-primary", "milvus-replica", "prometheus", "alertmanager")
 """Parts that are external binaries, started by `redline.devstack.processes`."""
+REDIS_TOPOLOGIES = ("single", "sentinel")
+"""`redline up --redis`: one redis-server (the default), or a primary, a replica and three
+Sentinels, every part given the Sentinel URL (docs/redis.md)."""
+SENTINEL_MASTER = "redline"
+"""The master name the stack's Sentinels monitor."""
+REDIS_REPLICA_PART = "redis-replica"
+SENTINEL_PARTS = ("sentinel-1", "sentinel-2", "sentinel-3")
+SENTINEL_QUORUM = 2
 TRACE_STORE_PART = "trace-store"
 """The local stack's trace backend (`redline.devstack.tracestore`): the gateway exports its spans
 there over OTLP/HTTP; it starts before the gateway."""
@@ -107,6 +115,20 @@ def build_serving_parts(regions: Sequence[str], pods: int) -> tuple[str, ...]:
     return (*simulators, *(service_part(r) for r in regions))
 
 
+def check_redis_topology(redis: str) -> None:
+    """StackConfigError unless the local stack can run this Redis topology."""
+    if redis not in REDIS_TOPOLOGIES:
+        raise StackConfigError(
+            f"--redis {redis}: the local stack runs {', '.join(REDIS_TOPOLOGIES)}"
+        )
+
+
+def build_redis_ha_parts(redis: str = "single") -> tuple[str, ...]:
+    """What a Sentinel topology adds after the primary (`redis`): the replica, then the
+    Sentinels (started in that order, once the primary runs); nothing for `single`."""
+    return (REDIS_REPLICA_PART, *SENTINEL_PARTS) if redis == "sentinel" else ()
+
+
 def build_service_parts(prometheus_regions: Sequence[str] = ()) -> tuple[str, ...]:
     """The service binaries: a Prometheus per region (if asked for) before the global one."""
     regional = tuple(regional_part(r) for r in prometheus_regions)
@@ -157,9 +179,10 @@ def build_part_names(
     prometheus_regions: Sequence[str] = (),
     source: str = GATEWAY_SOURCE,
     pods: int = DEFAULT_PODS,
+    redis: str = "single",
 ) -> tuple[str, ...]:
     """Every part in start order (stop order is the reverse); no gateway for an engine source."""
-    services = build_service_parts(prometheus_regions)
+    services = (*build_service_parts(prometheus_regions), *build_redis_ha_parts(redis))
     return (*services, *build_serving_parts(regions, pods), *_tail_parts(source, regions))
 
 
@@ -168,9 +191,10 @@ def build_ported_parts(
     prometheus_regions: Sequence[str] = (),
     source: str = GATEWAY_SOURCE,
     pods: int = DEFAULT_PODS,
+    redis: str = "single",
 ) -> tuple[str, ...]:
     """The parts that listen on a TCP port."""
-    services = build_service_parts(prometheus_regions)
+    services = (*build_service_parts(prometheus_regions), *build_redis_ha_parts(redis))
     return (*services, *build_serving_parts(regions, pods), *_http_parts(source))
 
 
@@ -297,6 +321,8 @@ class Endpoints:
     hosts: Mapping[str, str] = field(default_factory=dict)
     """Parts listening on an address of their own (the compose stack run as processes gives
     each service a loopback address, as compose gives each container one); others on `host`."""
+    redis: str = "single"
+    """The Redis topology (`single`, `sentinel`): with Sentinels every Redis URL is theirs."""
 
     def address(self, part: str) -> str:
         """`host:port` of a part."""
@@ -306,21 +332,33 @@ class Endpoints:
         return f"http://{self.address(part)}"
 
     @property
+    def sentinel(self) -> bool:
+        """True when Redis runs as a primary, a replica and Sentinels."""
+        return self.redis == "sentinel"
+
+    def redis_db_url(self, db: int) -> str:
+        """A database of the stack's Redis: the server's URL, or the Sentinels' (which find
+        the current primary) in a Sentinel topology."""
+        if self.sentinel:
+            sentinels = ",".join(self.address(part) for part in SENTINEL_PARTS)
+            return f"redis+sentinel://{sentinels}/{SENTINEL_MASTER}/{db}"
+        return f"redis://{self.address('redis')}/{db}"
+
+    @property
     def redis_url(self) -> str:
         """Redis of the job store, routing, delta log, sessions (db 0)."""
-        return f"redis://{self.address('redis')}/0"
+        return self.redis_db_url(0)
 
     @property
     def session_replica_url(self) -> str:
         """The session replica store (db 1 of the same server)."""
-        return f"redis://{self.address('redis')}/1"
+        return self.redis_db_url(1)
 
     @property
     def crdt_session_urls(self) -> dict[str, str]:
         """The first two regions' CRDT session stores (databases of the stack's Redis)."""
-        base = f"redis://{self.address('redis')}"
         pairs = zip(self.regions[:2], CRDT_SESSION_DBS, strict=False)
-        return {region: f"{base}/{db}" for region, db in pairs}
+        return {region: self.redis_db_url(db) for region, db in pairs}
 
     @property
     def prometheus_url(self) -> str:
@@ -427,11 +465,13 @@ def build_endpoints(
     source: str = GATEWAY_SOURCE,
     pods: int = DEFAULT_PODS,
     hosts: Mapping[str, str] | None = None,
+    redis: str = "single",
 ) -> Endpoints:
     """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
     check_source(source)
     check_pods(pods)
-    parts = build_ported_parts(regions, prometheus_regions, source, pods)
+    check_redis_topology(redis)
+    parts = build_ported_parts(regions, prometheus_regions, source, pods, redis)
     missing = [part for part in parts if part not in ports and part not in OPTIONAL_PARTS]
     if missing:
         raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
@@ -445,7 +485,7 @@ def build_endpoints(
     if len(set(shared)) != len(shared):
         raise StackConfigError("two parts were given the same address")
     return Endpoints(
-        host, dict(ports), tuple(regions), tuple(prometheus_regions), source, pods, hosts
+        host, dict(ports), tuple(regions), tuple(prometheus_regions), source, pods, hosts, redis
     )
 
 

@@ -35,6 +35,7 @@ import numpy.typing as npt
 import redis.asyncio as aredis
 from pydantic import Field, PositiveFloat, PositiveInt
 
+from redline.core.redisconn import open_async_redis
 from redline.core.settings import ServiceSettings
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER, GoldenPrompt, embed, grade
 from redline.platform.snapshots import SnapshotError, SnapshotRegistry
@@ -322,7 +323,7 @@ class LoadGenerator:
         stream = self.settings.embeddings_stream
         if stream is None:
             return
-        client = aredis.Redis.from_url(self.settings.redis_url, socket_timeout=2.0)
+        client = open_async_redis(self.settings.redis_url, socket_timeout=2.0)
         try:
             while not stop.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):

@@ -343,6 +343,92 @@ def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1")
     return service
 
 
+def start_redis_replica(
+    workdir: Path, primary: tuple[str, int], port: int | None = None, host: str = "127.0.0.1"
+) -> Service:
+    """redis-server replicating `primary` (host, port), configured as `start_redis`; ready once
+    its first sync is done (`master_link_status:up`)."""
+    binary = find_binary("redis-server")
+    port = port or free_port(host)
+    argv = [
+        binary,
+        "--bind", host,
+        "--port", str(port),
+        "--dir", str(workdir),
+        "--save", "",
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--notify-keyspace-events", "Exge",
+        "--replicaof", primary[0], str(primary[1]),
+        "--replica-announce-ip", host,
+        "--daemonize", "no",
+    ]  # fmt: skip
+    log = _service_dir(workdir, "redis-replica")
+    service = start_service(
+        "redis-replica", argv, log, port, _replica_synced(host, port), host=host
+    )
+    service.extra["url"] = f"redis://{host}:{port}/0"
+    return service
+
+
+def _replica_synced(host: str, port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(b"INFO replication\r\n")
+            return b"master_link_status:up" in sock.recv(4096)
+
+    return check
+
+
+def render_sentinel_config(
+    workdir: Path,
+    master: str,
+    primary: tuple[str, int],
+    port: int,
+    host: str = "127.0.0.1",
+    quorum: int = 2,
+    down_after_ms: int = 1000,
+    failover_timeout_ms: int = 10000,
+) -> str:
+    """A sentinel.conf monitoring `primary` as `master`; short timeouts for a local stack."""
+    return "\n".join(
+        [
+            f"bind {host}",
+            f"port {port}",
+            f"dir {workdir}",
+            "daemonize no",
+            f"sentinel announce-ip {host}",
+            f"sentinel monitor {master} {primary[0]} {primary[1]} {quorum}",
+            f"sentinel down-after-milliseconds {master} {down_after_ms}",
+            f"sentinel failover-timeout {master} {failover_timeout_ms}",
+            f"sentinel parallel-syncs {master} 1",
+            "",
+        ]
+    )
+
+
+def start_sentinel(
+    workdir: Path,
+    master: str,
+    primary: tuple[str, int],
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    quorum: int = 2,
+) -> Service:
+    """A Redis Sentinel (`redis-server sentinel.conf --sentinel`: Debian ships no separate
+    binary) monitoring `primary`; its config file lives (and is rewritten by it) in `workdir`."""
+    binary = find_binary("redis-sentinel", "redis-server")
+    port = port or free_port(host)
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "sentinel.conf"
+    config.write_text(render_sentinel_config(workdir, master, primary, port, host, quorum))
+    argv = [binary, str(config), "--sentinel"]
+    log = _service_dir(workdir, "sentinel")
+    service = start_service(f"sentinel:{port}", argv, log, port, _redis_ping(host, port), host=host)
+    service.extra["url"] = f"redis://{host}:{port}"
+    return service
+
+
 def start_prometheus(
     workdir: Path,
     config: Path,

@@ -41,14 +41,20 @@ from redline.devstack.layout import (
     DEFAULT_PODS,
     GATEWAY_SOURCE,
     HOST,
+    REDIS_REPLICA_PART,
+    SENTINEL_MASTER,
+    SENTINEL_PARTS,
+    SENTINEL_QUORUM,
     STACK_SOURCES,
     Endpoints,
     StackConfigError,
     StackLayout,
     build_endpoints,
     build_ported_parts,
+    build_redis_ha_parts,
     build_service_parts,
     check_pods,
+    check_redis_topology,
     check_regions,
     check_source,
 )
@@ -76,6 +82,8 @@ from redline.devstack.processes import (
     start_milvus_lite,
     start_prometheus,
     start_redis,
+    start_redis_replica,
+    start_sentinel,
 )
 from redline.devstack.state import PartState, StackState, read_state, write_state
 from redline.generate.outputs import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
@@ -109,6 +117,8 @@ class UpOptions:
     spec's `sources.profile`."""
     pods: int = DEFAULT_PODS
     """`--pods N`: simulator pods per region, behind the region's service front."""
+    redis: str = "single"
+    """`--redis`: one redis-server, or `sentinel` (a primary, a replica, three Sentinels)."""
 
 
 SERVICE_BINARIES = {
@@ -264,8 +274,15 @@ class _Starter:
         workdir = self.layout.service_dir(name)
         port = endpoints.ports[name]
         service: Service
+        primary = (endpoints.hosts.get("redis", endpoints.host), endpoints.ports["redis"])
         if name == "redis":
             service = start_redis(workdir, port)
+        elif name == REDIS_REPLICA_PART:
+            service = start_redis_replica(workdir, primary, port)
+        elif name in SENTINEL_PARTS:
+            service = start_sentinel(
+                workdir, SENTINEL_MASTER, primary, port, quorum=SENTINEL_QUORUM
+            )
         elif name.startswith("prometheus"):
             # Exemplar storage: the gateway's latency histogram carries trace ids (OpenMetrics
             # scrape, which Prometheus asks for first), read back by the dashboards' P99 panel.
@@ -360,6 +377,7 @@ def start_stack(
     """
     try:
         check_pods(options.pods)
+        check_redis_topology(options.redis)
     except StackConfigError as exc:
         raise StackError(str(exc)) from None
     check_binaries()
@@ -369,7 +387,9 @@ def start_stack(
     layout = StackLayout(options.run_dir.resolve())
     with run_dir_lock(layout):
         prepare_run_dir(layout, say)
-        parts = build_ported_parts(spec.regions, prometheus_regions, source, options.pods)
+        parts = build_ported_parts(
+            spec.regions, prometheus_regions, source, options.pods, options.redis
+        )
         ports = choose_ports(parts, options.ports)
         endpoints = build_endpoints(
             ports,
@@ -377,6 +397,7 @@ def start_stack(
             prometheus_regions=prometheus_regions,
             source=source,
             pods=options.pods,
+            redis=options.redis,
         )
         spec_path = options.spec_path.resolve() if options.spec_path else None
         commands = build_part_commands(
@@ -395,6 +416,7 @@ def start_stack(
             prometheus_regions=list(prometheus_regions),
             source=source,
             pods=options.pods,
+            redis=options.redis,
             ports=ports,
             rate=options.rate,
             seed=options.seed,
@@ -450,6 +472,15 @@ def _start_all(
                 starter.record(future.result())
     if errors:
         raise StackError("\n".join(errors))
+    ha_parts = build_redis_ha_parts(endpoints.redis)
+    if ha_parts:
+        # After the primary, one by one: the replica syncs from it, the Sentinels find both.
+        say(f"starting the Redis replica and {len(ha_parts) - 1} Sentinels")
+        for name in ha_parts:
+            try:
+                starter.record(starter.service(name, endpoints))
+            except ServiceError as exc:
+                raise StackError(f"{name}: {exc}") from None
     setup_models(starter.state, say)
     by_name = {command.part: command for command in commands}
     order = [c.part for c in commands if c.part != "loadgen"]

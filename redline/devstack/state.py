@@ -79,6 +79,11 @@ class StackState(BaseModel):
         description="Simulator pods per region, behind the region's service front "
         "(`redline up --pods`).",
     )
+    redis: str = Field(
+        "single",
+        description="Redis topology: one server, or a primary, a replica and three Sentinels "
+        "(`redline up --redis sentinel`).",
+    )
     ports: dict[str, int]
     hosts: dict[str, str] = Field(
         default_factory=dict,
@@ -104,6 +109,7 @@ class StackState(BaseModel):
             self.source,
             self.pods,
             self.hosts,
+            self.redis,
         )
 
     def layout(self) -> StackLayout:
@@ -186,7 +192,7 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
         ("Exporters", f"{e.exporters_url}/metrics"),
         *tracing,
         *simulators,
-        ("Redis", e.redis_url),
+        ("Redis (Sentinels: primary, replica)" if e.sentinel else "Redis", e.redis_url),
         ("Milvus Lite primary", e.milvus_primary_uri),
         ("Milvus Lite replica", e.milvus_replica_uri),
         ("Run directory", str(layout.root)),

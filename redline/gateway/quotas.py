@@ -14,7 +14,10 @@ An empty bucket rejects (429 with `Retry-After`: the seconds until the refill co
 request) or, with `overflow: downgrade`, sends the request to the lighter model (its `model`
 rewritten) without charging the bucket. When the upstream has answered (`settle`), the
 reservation is trued up against the reported usage: the unused part is refunded, an overrun
-charged; a failed request is refunded whole. The estimator's error is observed then too.
+charged; a failed request is refunded whole. The estimator's error is observed then too. The
+true-ups are summed per bucket and sent by one background task every
+`SETTLE_INTERVAL_SECONDS`, so the request path holds one Redis round trip (the take, an EVALSHA
+over `redline.gateway.resp`'s pipelined connection) and a response never waits for Redis.
 
 Redis unreachable: `on_store_error` admits every request (`fail_open`) or answers 503
 (`fail_closed`), counted in `llm_quota_store_failures_total{action}`; after a failure Redis is
@@ -40,8 +43,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from redline.core.redisconn import open_async_redis
 from redline.gateway.intent import IntentClassifier, load_classifier
 from redline.gateway.metrics import build_series
+from redline.gateway.resp import RespConnection, RespError, lean_url
 from redline.gateway.settings import GatewaySettings
 from redline.gateway.tokens import Estimate, TokenEstimator, error_ratio, load_tokenizer
 from redline.platform.spot import requested_max_tokens
@@ -52,6 +57,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX = "redline:quota:"
 STORE_RETRY_SECONDS = 1.0
+MAX_CACHED_CHILDREN = 4096
+"""(tenant, intent, outcome) triples whose counter children are kept (header tenants beyond
+the label bound all map to "other", so this is only a ceiling)."""
+SETTLE_INTERVAL_SECONDS = 0.1
+"""Settlements are sent at most this long after the answer, all buckets in one round trip."""
 OTHER_TENANT = "other"
 BUCKET_TTL_MS = 3_600_000
 """A bucket idle this long is dropped (it would be full again anyway)."""
@@ -185,32 +195,59 @@ class TenantResolver:
 
 
 class TokenBuckets:
-    """The buckets in Redis, through `BUCKET_SCRIPT`."""
+    """The buckets in Redis, through `BUCKET_SCRIPT`: over `lean` (a `RespConnection`) when
+    the Redis URL is a plain one, else over redis-py (Sentinel, TLS)."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: aioredis.Redis, lean: RespConnection | None = None) -> None:
         self.client = client
+        self.lean = lean
         self.script = client.register_script(BUCKET_SCRIPT)
 
-    async def _run(
-        self, key: str, op: str, rate: float, capacity: float, amount: float, floor: float
-    ) -> tuple[bool, float]:
+    async def _evalsha_once(self, *args: str | float | int) -> Any:
+        if self.lean is not None:
+            return await self.lean.execute("EVALSHA", self.script.sha, 1, *args)
+        return await self.client.evalsha(self.script.sha, 1, *args)
+
+    async def _evalsha(self, *args: str | float | int) -> Any:
+        """EVALSHA of `BUCKET_SCRIPT` (KEYS[1] first in `args`); the script is loaded again
+        only when Redis has lost it (a restart, SCRIPT FLUSH). QuotaStoreError otherwise."""
         try:
-            ok, level = await self.script(
-                keys=[key], args=[op, rate, capacity, amount, floor, BUCKET_TTL_MS]
-            )
-        except (redis.exceptions.RedisError, OSError) as exc:
+            try:
+                return await self._evalsha_once(*args)
+            except (redis.exceptions.NoScriptError, RespError) as exc:
+                if "NOSCRIPT" not in str(exc):
+                    raise
+                self.script.sha = await self.client.script_load(BUCKET_SCRIPT)
+                return await self._evalsha_once(*args)
+        except (redis.exceptions.RedisError, RespError, OSError) as exc:
             raise QuotaStoreError(f"{type(exc).__name__}: {exc}") from exc
-        return int(ok) == 1, float(level)
 
     async def take(
         self, key: str, rate: float, capacity: float, amount: float, floor: float
     ) -> tuple[bool, float]:
-        """Charge `amount` if the level stays >= -floor: (taken, level after)."""
-        return await self._run(key, "take", rate, capacity, amount, floor)
+        """Charge `amount` if the level stays >= -floor: (taken, level after); one round trip."""
+        ok, level = await self._evalsha(key, "take", rate, capacity, amount, floor, BUCKET_TTL_MS)
+        return int(ok) == 1, float(level)
 
-    async def adjust(self, key: str, rate: float, capacity: float, amount: float) -> float:
-        """Add `amount` (negative: charge) unconditionally, capped at capacity; the level."""
-        return (await self._run(key, "adjust", rate, capacity, amount, 0.0))[1]
+    async def adjust_many(self, adjustments: list[tuple[str, float, float, float]]) -> list[float]:
+        """Add each (key, rate, capacity, amount)'s amount (negative: charge), capped at
+        capacity, all sent at once (pipelined); the levels after, in order."""
+        if self.lean is not None:  # pipelined on the lean connection: one wait for all
+            calls = [self._adjust_lean(*adjustment) for adjustment in adjustments]
+            return list(await asyncio.gather(*calls))
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for key, rate, capacity, amount in adjustments:
+                    args = ("adjust", rate, capacity, amount, 0.0, BUCKET_TTL_MS)
+                    await self.script(keys=[key], args=args, client=pipe)
+                replies = await pipe.execute()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            raise QuotaStoreError(f"{type(exc).__name__}: {exc}") from exc
+        return [float(level) for _, level in replies]
+
+    async def _adjust_lean(self, key: str, rate: float, capacity: float, amount: float) -> float:
+        _, level = await self._evalsha(key, "adjust", rate, capacity, amount, 0.0, BUCKET_TTL_MS)
+        return float(level)
 
 
 @dataclass
@@ -274,32 +311,65 @@ class QuotaGate:
         registry: CollectorRegistry,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         max_tenant_labels: int = 64,
+        lean: RespConnection | None = None,
     ) -> None:
         self.quotas = quotas
         self.classifier = classifier
         self.estimator = estimator
         self.client = client
-        self.buckets = TokenBuckets(client)
+        self.buckets = TokenBuckets(client, lean)
         self.tenants = TenantResolver(quotas, max_tenant_labels)
         self.metrics = QuotaMetrics(registry)
         self.key_prefix = key_prefix
         self.store_down_until = 0.0
-        self._tasks: set[asyncio.Task[None]] = set()
+        # True-ups wait here, summed per bucket, for one pipelined flush by one task at a
+        # time: a settlement costs the request a dict update, never a round trip.
+        self._pending: dict[str, _Settlement] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._children: dict[tuple[str, str, str], tuple[Counter, Counter]] = {}
+        self._gauges: dict[tuple[str, str], Gauge] = {}
+        self._errors: dict[tuple[str, str], Histogram] = {}
 
     async def aclose(self) -> None:
-        """Wait for pending settlements (briefly), then close the Redis client."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=1.0)
+        """Send the pending settlements (waiting a second at most), then close the client."""
+        if self._flusher is not None:
+            self._flusher.cancel()
+        try:
+            await asyncio.wait_for(self.flush(), timeout=1.0)
+        except TimeoutError:
+            log.info("quota settlements still pending at shutdown were dropped")
+        if self.buckets.lean is not None:
+            self.buckets.lean.close()
         await self.client.aclose()
 
     def _count(self, tenant: str, intent: str, outcome: str, tokens: int) -> None:
-        label = self.tenants.label(tenant)
-        self.metrics.requests.labels(label, intent, outcome).inc()
-        self.metrics.tokens.labels(label, intent, outcome).inc(tokens)
+        children = self._children.get((tenant, intent, outcome))
+        if children is None:  # label lookups cost more than the increments: once per triple
+            label = self.tenants.label(tenant)
+            children = (
+                self.metrics.requests.labels(label, intent, outcome),
+                self.metrics.tokens.labels(label, intent, outcome),
+            )
+            if len(self._children) < MAX_CACHED_CHILDREN:
+                self._children[(tenant, intent, outcome)] = children
+        children[0].inc()
+        children[1].inc(tokens)
 
     def _utilisation(self, tenant: str, intent: str, level: float, capacity: float) -> None:
-        used = 1.0 - level / capacity
-        self.metrics.utilisation.labels(self.tenants.label(tenant), intent).set(used)
+        gauge = self._gauges.get((tenant, intent))
+        if gauge is None:
+            gauge = self.metrics.utilisation.labels(self.tenants.label(tenant), intent)
+            if len(self._gauges) < MAX_CACHED_CHILDREN:
+                self._gauges[(tenant, intent)] = gauge
+        gauge.set(1.0 - level / capacity)
+
+    def _estimate_error(self, intent: str, kind: str) -> Histogram:
+        histogram = self._errors.get((intent, kind))
+        if histogram is None:  # intents are a closed set: no bound needed
+            histogram = self._errors[(intent, kind)] = self.metrics.estimate_error.labels(
+                intent, kind
+            )
+        return histogram
 
     def _classify(self, payload: Mapping[str, Any]) -> str:
         try:
@@ -371,16 +441,16 @@ class QuotaGate:
         prompt_tokens: int | None,
         completion_tokens: int | None,
     ) -> None:
-        """Observe the estimator's error and true up the reservation (in the background)."""
+        """Observe the estimator's error and queue the reservation's true-up (never blocks)."""
         estimate = ticket.estimate
         if prompt_tokens is not None:
             ratio = error_ratio(estimate.prompt, prompt_tokens)
             if ratio is not None:
-                self.metrics.estimate_error.labels(ticket.intent, "prompt").observe(ratio)
+                self._estimate_error(ticket.intent, "prompt").observe(ratio)
             if completion_tokens is not None:
                 ratio = error_ratio(estimate.total, prompt_tokens + completion_tokens)
                 if ratio is not None:
-                    self.metrics.estimate_error.labels(ticket.intent, "total").observe(ratio)
+                    self._estimate_error(ticket.intent, "total").observe(ratio)
         if status < 300:
             self.estimator.learn(
                 estimate, ticket.model, ticket.intent, prompt_tokens, completion_tokens
@@ -395,22 +465,53 @@ class QuotaGate:
             amount = ticket.reserved - (prompt_tokens or 0) - (completion_tokens or 0)
         if amount == 0:
             return
-        task = asyncio.get_running_loop().create_task(self._adjust(ticket, amount))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _adjust(self, ticket: QuotaTicket, amount: int) -> None:
-        assert ticket.key is not None
-        try:
-            level = await self.buckets.adjust(ticket.key, ticket.rate, ticket.capacity, amount)
-        except QuotaStoreError as exc:
-            log.info("quota settlement of %s lost: %s", ticket.key, exc)
-            return
+        pending = self._pending.get(ticket.key)
+        if pending is None:
+            pending = self._pending[ticket.key] = _Settlement(ticket)
+        pending.amount += amount
         if amount > 0:
-            self.metrics.refunded.labels(self.tenants.label(ticket.tenant), ticket.intent).inc(
-                amount
+            pending.refunded += amount
+        if self._flusher is None:
+            task = asyncio.get_running_loop().create_task(self._flush_later())
+            self._flusher = task
+
+    async def _flush_later(self) -> None:
+        """Wait `SETTLE_INTERVAL_SECONDS`, send what is pending; again while more arrived."""
+        try:
+            while self._pending:
+                await asyncio.sleep(SETTLE_INTERVAL_SECONDS)
+                # Shielded: `aclose` cancels the wait, never a flush already sent.
+                await asyncio.shield(self.flush())
+        finally:
+            self._flusher = None
+
+    async def flush(self) -> None:
+        """Send every pending true-up now: one pipelined round trip for all buckets."""
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        try:
+            levels = await self.buckets.adjust_many(
+                [(key, p.ticket.rate, p.ticket.capacity, p.amount) for key, p in pending.items()]
             )
-        self._utilisation(ticket.tenant, ticket.intent, level, ticket.capacity)
+        except QuotaStoreError as exc:
+            log.info("quota settlement of %d buckets lost: %s", len(pending), exc)
+            return
+        for settlement, level in zip(pending.values(), levels, strict=True):
+            ticket = settlement.ticket
+            if settlement.refunded:
+                label = self.tenants.label(ticket.tenant)
+                self.metrics.refunded.labels(label, ticket.intent).inc(settlement.refunded)
+            self._utilisation(ticket.tenant, ticket.intent, level, ticket.capacity)
+
+
+@dataclass
+class _Settlement:
+    """The true-ups of one bucket waiting for the next flush, summed."""
+
+    ticket: QuotaTicket
+    amount: int = 0
+    refunded: int = 0
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
@@ -456,9 +557,12 @@ def build_quota_gate(
         counter, quotas.completion_quantile, quotas.default_completion_tokens
     )
     timeout = settings.redis_timeout_seconds
-    client = aioredis.Redis.from_url(
+    client = open_async_redis(
         settings.redis_url, socket_timeout=timeout, socket_connect_timeout=timeout
     )
+    # The per-request take over a lean pipelined connection when the URL is a plain one
+    # (Sentinel, TLS: redis-py); the batched settlements always over redis-py.
+    address = lean_url(settings.redis_url)
     return QuotaGate(
         quotas,
         classifier,
@@ -467,4 +571,5 @@ def build_quota_gate(
         registry,
         settings.quota_key_prefix,
         settings.max_tenant_labels,
+        None if address is None else RespConnection(address, timeout),
     )

@@ -53,6 +53,7 @@ from typing import Any, BinaryIO, Literal, cast
 import redis
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from redline.core.redisconn import open_redis
 from redline.platform.redaction import DEFAULT_KINDS, RedactionError, Redactor, build_redactor
 
 log = logging.getLogger(__name__)
@@ -1037,7 +1038,7 @@ def _text(value: Any) -> str:
 
 def open_prompt_log(settings: PromptLogSettings, redis_url: str) -> PromptLog:
     """The log `settings` describe, anchored in `settings.redis_url` or else `redis_url`."""
-    client = redis.Redis.from_url(settings.redis_url or redis_url, socket_timeout=5.0)
+    client = open_redis(settings.redis_url or redis_url, socket_timeout=5.0)
     return PromptLog(client, settings.directory, settings.key_prefix, settings.fsync)
 
 

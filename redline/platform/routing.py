@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio
 
+from redline.core.redisconn import open_async_redis, open_redis
+
 log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "redline:routing"
@@ -154,7 +156,7 @@ class RoutingStore:
         timeout_seconds: float = 2.0,
     ) -> RoutingStore:
         """A store on a new Redis connection pool; call `close()` when done."""
-        client = redis.Redis.from_url(
+        client = open_redis(
             url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
         )
         return cls(client, prefix, regions)
@@ -240,7 +242,7 @@ class AsyncRoutingReader:
         cls, url: str, prefix: str = DEFAULT_PREFIX, timeout_seconds: float = 0.25
     ) -> AsyncRoutingReader:
         """A reader with short timeouts, so a dead Redis is noticed quickly."""
-        client = redis.asyncio.Redis.from_url(
+        client = open_async_redis(
             url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
         )
         return cls(client, prefix)

@@ -27,6 +27,7 @@ from pydantic import Field, PositiveFloat
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from redline.core.redisconn import open_redis as _open_redis
 from redline.core.settings import ServiceSettings
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def open_redis(url: str, timeout_seconds: float = 1.0) -> redis.Redis:
     Probes must fail fast: redis-py's default retries three times with backoff, which would turn
     a dead Redis into a slow probe instead of a failed one.
     """
-    return redis.Redis.from_url(
+    return _open_redis(
         url,
         decode_responses=True,
         socket_timeout=timeout_seconds,

@@ -27,7 +27,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import redis
 from apscheduler.events import (
     EVENT_JOB_ERROR,
     EVENT_JOB_EXECUTED,
@@ -40,6 +39,7 @@ from apscheduler.triggers.cron import CronTrigger
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from pydantic import Field
 
+from redline.core.redisconn import open_redis
 from redline.core.settings import ServiceSettings
 from redline.reporting.run import floor_hour, generate_report
 from redline.reporting.write import BASENAME, parse_formats, write_report, write_text
@@ -218,7 +218,7 @@ def run_scheduled_report(**config: Any) -> str | None:
     """
     job = JobConfig(**{**config, "formats": tuple(config["formats"])})
     tick = latest_tick(parse_cron(job.cron), datetime.now(UTC))
-    client = redis.Redis.from_url(job.redis_url)
+    client = open_redis(job.redis_url)
     try:
         key = claim_key(job.name, tick)
         if not client.set(key, f"running pid={os.getpid()}", nx=True, ex=CLAIM_TTL):
@@ -354,14 +354,13 @@ class ScheduleRunner:
         self.config = build_job_config(self.settings)
         self.trigger = parse_cron(self.config.cron)
         self.job_id = f"redline-report-{self.config.name}"
-        conn = redis.Redis.from_url(self.settings.redis_url).connection_pool.connection_kwargs
         store = RedisJobStore(
             jobs_key=f"{KEY_PREFIX}:{self.config.name}:jobs",
             run_times_key=f"{KEY_PREFIX}:{self.config.name}:run_times",
-            **{
-                k: v for k, v in conn.items() if k in ("host", "port", "db", "password", "username")
-            },
         )
+        # RedisJobStore builds a plain Redis(host, port); its client is swapped for the shared
+        # factory's so TLS and Sentinel URLs work too (the default client never connected).
+        store.redis = open_redis(self.settings.redis_url)
         self.scheduler = BackgroundScheduler(
             jobstores={"default": store},
             executors={"default": {"type": "threadpool", "max_workers": 1}},

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import redis
 from pymilvus import MilvusException
 
+from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, read_secret
 from redline.platform.index import (
     BatchResult,
@@ -145,7 +146,7 @@ class _IndexPlaybook(Playbook):
         config = build_index_config(name, self.settings, token.get_secret_value() if token else "")
         timeout = self.settings.milvus_timeout_seconds
         # The delta log is binary (raw float32 vectors): its client must not decode responses.
-        client = redis.Redis.from_url(
+        client = open_redis(
             self.redis_url, socket_timeout=max(10.0, timeout), socket_connect_timeout=5.0
         )
         primary = MilvusTarget(config.primary, config.dim, timeout, config.metric_type)

@@ -38,6 +38,9 @@ until an answer is accepted; the first evaluation that sees it fires (recording 
 changes nothing on the platform)."""
 CANDIDATE_PLAYBOOK = "rollback_candidate"
 GATE_ALERT = "SemanticRollbackTwoSignal"
+ROLLBACK_ALERT = "OutputConsistencyMutationRollback"
+"""The mutation of a model version that rolls it back (before the gate's `for` is out, or on
+any mutation with `rollback.on_mutation`)."""
 KEY = (catalog.LABEL_MODEL, catalog.LABEL_MODEL_VERSION, catalog.LABEL_REGION, "prompt")
 
 
@@ -98,7 +101,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         rules.append(
             alert_rule(
                 spec,
-                "OutputConsistencyMutationRollback",
+                ROLLBACK_ALERT,
                 expr,
                 0,
                 "critical",
@@ -153,7 +156,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
 
 def _rollback_cases(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """The mutation-triggered rollback, for the variant the spec builds."""
-    name = "OutputConsistencyMutationRollback"
+    name = ROLLBACK_ALERT
     mutated = _mutation_series(9, 0.818182, 20)
     if rollback_expr(spec) is None:
         return [

@@ -12,6 +12,8 @@ from redline.devstack.drills.latency import drill_latency
 from redline.devstack.drills.latency_persistent import drill_latency_persistent
 from redline.devstack.drills.mutation import drill_mutation
 from redline.devstack.drills.partition import drill_partition
+from redline.devstack.drills.quota import drill_quota
+from redline.devstack.drills.redis_failover import drill_redis_failover
 from redline.devstack.drills.regression import drill_regression, drill_regression_negative
 from redline.devstack.drills.session_rpo import drill_session_rpo
 from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER
@@ -26,6 +28,7 @@ DRILL_ORDER = (
     "breaker",
     "latency",
     "mutation",
+    "quota",
     "regression",
     "regression-negative",
     "latency-persistent",
@@ -37,9 +40,14 @@ after them, while that recovery is awaited in the background, so it adds little 
 `breaker` (about 30 s) runs before `latency`, so its reroutes are long out of the latency
 window when that drill starts. The spot drills run a fleet of their own beside the stack and
 are asked for by name. `mutation` (about 20 s) runs before the regressions, while the adapter's
-good version serves every region."""
+good version serves every region. `quota` (about 15 s) follows: its interactive P99 check wants
+no fault of another drill in the path."""
 
-DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER)
+BY_NAME_ONLY = ("redis-failover",)
+"""Drills `all` leaves out: `redis-failover` needs a Sentinel stack (`redline up --redis
+sentinel`; on the default stack it does not apply) and kills its Redis primary."""
+
+DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER, *BY_NAME_ONLY)
 """Every drill a user may name (`all` aside)."""
 
 DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
@@ -48,11 +56,13 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "staleness": drill_staleness,
     "regression": drill_regression,
     "mutation": drill_mutation,
+    "quota": drill_quota,
     "regression-negative": drill_regression_negative,
     "session-rpo": drill_session_rpo,
     "partition": drill_partition,
     "exporter-down": drill_exporter_down,
     "breaker": drill_breaker,
+    "redis-failover": drill_redis_failover,
     **SPOT_DRILLS,
 }
 """The explicit registry of drills, by name."""

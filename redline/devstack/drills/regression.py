@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from redline.devstack.drills.base import DrillError, DrillResult
+from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DeferredRecovery, DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
@@ -25,6 +25,7 @@ from redline.devstack.drills.waits import (
 from redline.devstack.layout import ADAPTER
 from redline.platform.snapshots import SnapshotRegistry
 from redline.rules.build import rollback_records
+from redline.rules.families.mutation import ROLLBACK_ALERT as MUTATION_ROLLBACK_ALERT
 from redline.rules.families.rollback import rollback_gate_expr
 from redline.slo.spec import Spec
 
@@ -137,6 +138,40 @@ def check_switch_failures(
     result.figure("failed requests during the switch:", total)
 
 
+def _switching_job(
+    ctx: DrillContext, result: DrillResult, labels: Mapping[str, str], gate_job: dict[str, Any]
+) -> dict[str, Any]:
+    """The rollback job that switched the pods: the gate's own, or — when the canaries' answers
+    mutated while the gate's conditions held — the one `OutputConsistencyMutationRollback`
+    started first, after which the gate's job found the good version already active."""
+    if _verified_pods(gate_job):
+        return gate_job
+    assert result.playbook is not None
+    after = (result.fault_at or 0.0) - 1.0
+    for job in ctx.probe.jobs(result.playbook):
+        if job_matches(job, MUTATION_ROLLBACK_ALERT, labels) and _verified_pods(job):
+            if parse_time(job["created_at"]) >= after:
+                result.notes.append(
+                    f"rolled back by {MUTATION_ROLLBACK_ALERT} (job {job['id']}): the canaries' "
+                    f"answers mutated while the gate's conditions held; the gate's job "
+                    f"{gate_job['id']} then found {GOOD_VERSION} already active"
+                )
+                verify = [s for s in job["steps"] if s.get("phase") == "verify" and s.get("ok")]
+                result.remediated_at = float(verify[-1]["at"])
+                result.playbook_started_at = step_time(job, "plan")
+                result.notified_at = parse_time(job["created_at"])
+                result.job_id = job["id"]
+                return dict(job)
+    return gate_job
+
+
+def _verified_pods(job: Mapping[str, Any]) -> dict[str, Any]:
+    """The pods the job's last successful verify step reported (empty: it switched none)."""
+    verify = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
+    pods: dict[str, Any] = (verify[-1].get("data") or {}).get("pods") or {} if verify else {}
+    return pods
+
+
 def check_every_pod(ctx: DrillContext, result: DrillResult, job: Mapping[str, Any]) -> None:
     """Every pod of every region serves the good version (asked of each pod, not the fronts),
     and the rollback's verify step reported every one of them."""
@@ -148,8 +183,7 @@ def check_every_pod(ctx: DrillContext, result: DrillResult, job: Mapping[str, An
         len(good) == len(versions) == per_region * len(ctx.endpoints.regions),
         ", ".join(f"{pod}={version}" for pod, version in sorted(versions.items())),
     )
-    verify = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
-    reported = (verify[-1].get("data") or {}).get("pods") or {} if verify else {}
+    reported = _verified_pods(job)
     result.check(
         "the rollback verified every pod",
         len(reported) == len(versions),
@@ -238,6 +272,7 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
             "less a scrape and an evaluation interval)"
         )
         job = run_playbook_loop(ctx, result, labels, 180.0)
+        job = _switching_job(ctx, result, labels, job)
         check_switch_failures(ctx, result, failures_before, job)
         registry = SnapshotRegistry(ctx.probe.layout.snapshots_dir)
         active = registry.active(ADAPTER)

@@ -8,8 +8,8 @@ import time
 import uuid
 
 import numpy as np
-import redis
 
+from redline.core.redisconn import open_redis
 from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
@@ -37,7 +37,7 @@ class _AckedWriter:
 
     def __init__(self, ctx: DrillContext, prefix: str, rate: float = 10.0) -> None:
         endpoints = ctx.endpoints
-        self.client = redis.Redis.from_url(endpoints.redis_url, socket_timeout=10)
+        self.client = open_redis(endpoints.redis_url, socket_timeout=10)
         self.log = DeltaLog(self.client, COLLECTION, INDEX_DIM)
         spec = TargetSpec(endpoints.milvus_primary_uri, COLLECTION, PRIMARY_INDEX)
         self.primary = MilvusTarget(spec, INDEX_DIM, 10.0)

@@ -21,6 +21,7 @@ from typing import Literal
 import redis
 import redis.asyncio
 
+from redline.core.redisconn import open_async_redis
 from redline.platform.spot.errors import SpotError
 
 DEFAULT_LEDGER_PREFIX = "redline:ledger"
@@ -140,9 +141,7 @@ class AsyncRequestLedger:
         cls, url: str, prefix: str = DEFAULT_LEDGER_PREFIX, ttl: float = 3600, timeout: float = 0.5
     ) -> AsyncRequestLedger:
         """A ledger on its own connection pool; `aclose()` it."""
-        client = redis.asyncio.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout
-        )
+        client = open_async_redis(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         return cls(client, prefix, ttl)
 
     def key(self, request_id: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import redis
 
+from redline.core.redisconn import open_redis
 from redline.platform.spot.errors import SpotError
 from redline.platform.spot.state import NodeRecord, Notice
 
@@ -26,9 +27,7 @@ class SpotStateStore:
     @classmethod
     def from_url(cls, url: str, prefix: str = DEFAULT_STATE_PREFIX) -> SpotStateStore:
         """A store on its own connection pool; `close()` it."""
-        return cls(
-            redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0), prefix
-        )
+        return cls(open_redis(url, socket_timeout=2.0, socket_connect_timeout=2.0), prefix)
 
     def key(self, node: str) -> str:
         """The node's Redis key."""

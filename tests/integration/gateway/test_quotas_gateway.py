@@ -4,6 +4,7 @@ unused reservations are refunded, and a Redis outage fails open or closed as con
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,16 @@ def quota_requests(gw: RunningGateway, tenant: str, intent: str, outcome: str) -
     return gw.value(name, tenant=tenant, intent=intent, outcome=outcome)
 
 
+def wait_for_refund(gw: RunningGateway, tenant: str, intent: str) -> float:
+    """The tokens refunded to the bucket, once the batched settlement has reached Redis."""
+    name = catalog.LLM_QUOTA_REFUNDED_TOKENS_TOTAL.name
+    deadline = time.monotonic() + 5.0
+    while (refunded := gw.value(name, tenant=tenant, intent=intent)) == 0:
+        assert time.monotonic() < deadline, "no settlement within 5 s"
+        time.sleep(0.005)
+    return refunded
+
+
 def test_two_gateways_share_a_bucket_and_reject_with_retry_after(
     sim: ServerThread, start_gateway: Callable[..., RunningGateway], tmp_path: Path
 ) -> None:
@@ -89,6 +100,7 @@ def test_two_gateways_share_a_bucket_and_reject_with_retry_after(
     two = start_gateway({"primary": sim.url}, quotas_file=file)
     # A SQL request reserves ~30 + 300 tokens; after its refund the 350-token bucket holds ~320.
     assert ask(one, SQL).status_code == 200
+    wait_for_refund(one, "acme", "sql")  # settlements are batched, sent within ~0.1 s
     refused = ask(two, SQL)  # the other replica sees the same, now nearly empty, bucket
     assert refused.status_code == 429, refused.text
     retry = int(refused.headers["retry-after"])
@@ -114,17 +126,9 @@ def test_unused_reservation_is_refunded(
     response = ask(gw, SQL, max_tokens=8)
     assert response.status_code == 200
     usage = response.json()["usage"]
-    refunded_name = catalog.LLM_QUOTA_REFUNDED_TOKENS_TOTAL.name
 
-    def refunded() -> float:
-        return gw.value(refunded_name, tenant="acme", intent="sql")
-
-    deadline = 50
-    while refunded() == 0 and deadline:
-        deadline -= 1
-        httpx.get(f"{gw.server.url}/healthz")  # the refund runs on the gateway's loop
     # The 300-token safety buffer at least comes back: the real usage is far below it.
-    assert refunded() >= 300
+    assert wait_for_refund(gw, "acme", "sql") >= 300
     client = redis.Redis.from_url(redis_url)
     keys = [k.decode() for k in client.keys("redline:quota:*")]
     assert keys == ["redline:quota:{acme}:sql:*"]

@@ -1,0 +1,448 @@
+"""The one way redline opens Redis: plain, TLS and Sentinel URLs, a start-up check, WAIT.
+
+URL forms (docs/redis.md):
+
+- `redis://[user:password@]host:port/db?options` and `rediss://...` (TLS): handed to redis-py's
+  `from_url` unchanged, so plain URLs behave exactly as before.
+- `redis+sentinel://[user:password@]host:26379,host2:26379/<master>/<db>?options` and
+  `rediss+sentinel://...` (TLS to the sentinels and the primary): redis-py's
+  `Sentinel(...).master_for(master)`, whose pool asks the sentinels for the primary on every new
+  connection, so clients follow a failover. `user:password` authenticate against the data
+  nodes; `sentinel_username` / `sentinel_password` against the sentinels.
+
+Every URL problem raises `RedisConfigError` naming the setting and the URL with its passwords
+masked; `check_redis` adds what only a running deployment can tell (no sentinel reachable, an
+unknown master name), so services refuse to start instead of failing at their first write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+import redis
+import redis.asyncio
+import redis.asyncio.client
+import redis.asyncio.sentinel
+import redis.client
+import redis.connection
+import redis.exceptions
+import redis.sentinel
+
+from redline.core.settings import SettingsError
+
+PLAIN_SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+DEFAULT_SENTINEL_PORT = 26379
+SENTINEL_TIMEOUT_SECONDS = 2.0
+"""Socket timeouts towards the sentinels when the caller gives none: discovery must not hang."""
+
+FAILOVER_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ReadOnlyError,
+    redis.sentinel.MasterNotFoundError,
+    OSError,
+)
+"""Errors meaning "Redis is unreachable, or its primary is changing": answer 503, retry later.
+
+`ReadOnlyError` is what a demoted primary answers to a write; `MasterNotFoundError` what the
+sentinels say while no primary is elected (it is a ConnectionError, listed for clarity).
+"""
+
+_BOOL = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False}
+_BOOL |= {"no": False, "off": False}
+_CERT_REQS = ("none", "optional", "required")
+
+
+class RedisConfigError(SettingsError):
+    """A Redis URL that cannot be used: malformed, no sentinel reachable, unknown master."""
+
+
+class ReplicaAckError(redis.exceptions.ConnectionError):
+    """Fewer replicas than required acknowledged a write (WAIT): it may be lost on failover.
+
+    A ConnectionError, so callers that already answer 503 on an unreachable Redis do the same
+    here: the client retries, and the write is idempotent where it matters.
+    """
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password and `sentinel_password` replaced by `***`, for messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    user, at, hosts = netloc.rpartition("@")
+    if at and ":" in user:
+        user = user.split(":", 1)[0] + ":***"
+    elif at and user and parts.scheme in SENTINEL_SCHEMES + PLAIN_SCHEMES:
+        # redis://secret@host: a lone userinfo is the password (redis-py reads it so)
+        user = "***"
+    netloc = f"{user}{at}{hosts}"
+    query = "&".join(
+        f"{k}={'***' if 'password' in k else quote(v, safe='/:,')}"
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    rebuilt = f"{parts.scheme}://{netloc}{parts.path}"
+    return f"{rebuilt}?{query}" if query else rebuilt
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """A parsed Sentinel URL: where the sentinels are, which master, how to authenticate."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    sentinel_username: str | None = None
+    sentinel_password: str | None = None
+    ssl: bool = False
+    min_other_sentinels: int = 0
+    tls: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def master_kwargs(self, caller: Mapping[str, Any]) -> dict[str, Any]:
+        """Connection options of the primary: the caller's, then the URL's (the URL wins)."""
+        kwargs: dict[str, Any] = {**caller, **self.options, "db": self.db}
+        if self.username is not None:
+            kwargs["username"] = self.username
+        if self.password is not None:
+            kwargs["password"] = self.password
+        if self.ssl:
+            kwargs.update(ssl=True, **self.tls)
+        return kwargs
+
+    def sentinel_kwargs(self, caller: Mapping[str, Any]) -> dict[str, Any]:
+        """Connection options of the sentinels: timeouts and TLS, their own credentials."""
+        merged = {**caller, **self.options}
+        kwargs: dict[str, Any] = {
+            "socket_timeout": merged.get("socket_timeout") or SENTINEL_TIMEOUT_SECONDS,
+            "socket_connect_timeout": merged.get("socket_connect_timeout")
+            or SENTINEL_TIMEOUT_SECONDS,
+        }
+        if self.sentinel_username is not None:
+            kwargs["username"] = self.sentinel_username
+        if self.sentinel_password is not None:
+            kwargs["password"] = self.sentinel_password
+        if self.ssl:
+            kwargs.update(ssl=True, **self.tls)
+        return kwargs
+
+
+def _error(url: str, setting: str, what: str) -> RedisConfigError:
+    return RedisConfigError(f"{setting}: {mask_url(url)}: {what}")
+
+
+def _float(value: str, name: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"option {name}={value!r} is not a number") from None
+    if number <= 0:
+        raise ValueError(f"option {name}={value!r} must be positive")
+    return number
+
+
+def _bool(value: str, name: str) -> bool:
+    if value.lower() not in _BOOL:
+        raise ValueError(f"option {name}={value!r} is not a boolean (true/false)")
+    return _BOOL[value.lower()]
+
+
+def _int(value: str, name: str) -> int:
+    if not value.isdigit():
+        raise ValueError(f"option {name}={value!r} is not a non-negative integer")
+    return int(value)
+
+
+def _cert_reqs(value: str, name: str) -> str:
+    if value.lower() not in _CERT_REQS:
+        raise ValueError(f"option {name}={value!r} is not one of {', '.join(_CERT_REQS)}")
+    return value.lower()
+
+
+_STR_OPTS = {"sentinel_username", "sentinel_password", "ssl_ca_certs", "ssl_certfile"}
+_STR_OPTS |= {"ssl_keyfile", "ssl_password", "client_name"}
+_CONNECTION_OPTS: dict[str, Any] = {
+    "socket_timeout": _float,
+    "socket_connect_timeout": _float,
+    "health_check_interval": _int,
+    "retry_on_timeout": _bool,
+    "socket_keepalive": _bool,
+    "max_connections": _int,
+}
+_TLS_OPTS: dict[str, Any] = {"ssl_cert_reqs": _cert_reqs, "ssl_check_hostname": _bool}
+_TLS_STR = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_password")
+
+
+def _hosts(text: str) -> tuple[tuple[str, int], ...]:
+    hosts: list[tuple[str, int]] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError("empty sentinel address (stray comma?)")
+        if item.startswith("["):  # [::1]:26379
+            host, _, rest = item[1:].partition("]")
+            port_text = rest.removeprefix(":")
+        else:
+            host, _, port_text = item.partition(":")
+        if not host:
+            raise ValueError(f"sentinel address {item!r} has no host")
+        port = DEFAULT_SENTINEL_PORT
+        if port_text:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise ValueError(f"sentinel address {item!r} has a bad port")
+            port = int(port_text)
+        hosts.append((host, port))
+    return tuple(hosts)
+
+
+def _parse_sentinel(url: str) -> SentinelTarget:
+    parts = urlsplit(url)
+    userinfo, at, hostlist = parts.netloc.rpartition("@")
+    if not hostlist:
+        raise ValueError("no sentinel address (expected host:26379[,host2:26379])")
+    username: str | None = None
+    password: str | None = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        if colon:
+            username, password = (unquote(user) or None), unquote(secret)
+        else:
+            password = unquote(user)
+    segments = [unquote(s) for s in parts.path.split("/") if s]
+    if not segments:
+        raise ValueError("no master name (expected /<master>/<db> after the sentinels)")
+    if len(segments) > 2:
+        raise ValueError(f"path {parts.path!r} is not /<master>/<db>")
+    db = 0
+    if len(segments) == 2:
+        if not segments[1].isdigit():
+            raise ValueError(f"database {segments[1]!r} is not a number")
+        db = int(segments[1])
+    ssl = parts.scheme == "rediss+sentinel"
+    strings: dict[str, str] = {}
+    options: dict[str, Any] = {}
+    tls: dict[str, Any] = {}
+    min_other = 0
+    for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
+        if name == "ssl":
+            ssl = _bool(value, name)
+        elif name == "min_other_sentinels":
+            min_other = _int(value, name)
+        elif name == "db":
+            db = _int(value, name)
+        elif name in _CONNECTION_OPTS:
+            options[name] = _CONNECTION_OPTS[name](value, name)
+        elif name in _TLS_OPTS:
+            tls[name] = _TLS_OPTS[name](value, name)
+        elif name in _STR_OPTS:
+            strings[name] = value
+        else:
+            known = sorted({"ssl", "min_other_sentinels", "db", *_CONNECTION_OPTS, *_TLS_OPTS,
+                            *_STR_OPTS})  # fmt: skip
+            raise ValueError(f"unknown option {name!r} (known: {', '.join(known)})")
+    if "client_name" in strings:
+        options["client_name"] = strings["client_name"]
+    tls.update({k: strings[k] for k in _TLS_STR if k in strings})
+    if tls and not ssl:
+        raise ValueError("TLS options given without TLS (use rediss+sentinel:// or ssl=true)")
+    return SentinelTarget(
+        sentinels=_hosts(hostlist),
+        master=segments[0],
+        db=db,
+        username=username,
+        password=password,
+        sentinel_username=strings.get("sentinel_username"),
+        sentinel_password=strings.get("sentinel_password"),
+        ssl=ssl,
+        min_other_sentinels=min_other,
+        tls=tls,
+        options=options,
+    )
+
+
+def parse_redis_url(url: str, setting: str = "redis_url") -> SentinelTarget | None:
+    """A Sentinel URL's target, None for a plain URL; RedisConfigError if malformed."""
+    if not isinstance(url, str) or not url.strip():
+        raise _error(str(url), setting, "empty Redis URL")
+    try:
+        scheme = urlsplit(url).scheme.lower()
+    except ValueError as exc:
+        raise _error(url, setting, f"malformed URL: {exc}") from None
+    if scheme in SENTINEL_SCHEMES:
+        try:
+            return _parse_sentinel(url)
+        except ValueError as exc:
+            raise _error(url, setting, f"malformed Sentinel URL: {exc}") from None
+    if scheme not in PLAIN_SCHEMES:
+        allowed = ", ".join(f"{s}://" for s in PLAIN_SCHEMES + SENTINEL_SCHEMES)
+        raise _error(url, setting, f"unknown scheme {scheme or '(none)'!r} (expected {allowed})")
+    try:
+        redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise _error(url, setting, f"malformed URL: {exc}") from None
+    return None
+
+
+def is_sentinel_url(url: str) -> bool:
+    """True for `redis+sentinel://` and `rediss+sentinel://` URLs."""
+    return url.split("://", 1)[0].lower() in SENTINEL_SCHEMES
+
+
+def open_redis(url: str, setting: str = "redis_url", **options: Any) -> redis.Redis:
+    """A synchronous client for `url` (plain, TLS or Sentinel); `options` go to the connections."""
+    target = parse_redis_url(url, setting)
+    if target is None:
+        return redis.Redis.from_url(url, **options)
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(target.sentinels),
+        min_other_sentinels=target.min_other_sentinels,
+        sentinel_kwargs=target.sentinel_kwargs(options),
+    )
+    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master, **target.master_kwargs(options)
+    )
+    return client
+
+
+def open_async_redis(url: str, setting: str = "redis_url", **options: Any) -> redis.asyncio.Redis:
+    """An asyncio client for `url` (plain, TLS or Sentinel); `options` go to the connections."""
+    target = parse_redis_url(url, setting)
+    if target is None:
+        return redis.asyncio.Redis.from_url(url, **options)
+    sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(target.sentinels),
+        min_other_sentinels=target.min_other_sentinels,
+        sentinel_kwargs=target.sentinel_kwargs(options),
+    )
+    client: redis.asyncio.Redis = sentinel.master_for(
+        target.master, **target.master_kwargs(options)
+    )
+    return client
+
+
+def _ask_sentinels(target: SentinelTarget) -> tuple[list[str], list[str], set[str]]:
+    """Per sentinel: the reachable ones, the unreachable ones (why), the master names known."""
+    reachable: list[str] = []
+    failed: list[str] = []
+    masters: set[str] = set()
+    for host, port in target.sentinels:
+        client = redis.Redis(host=host, port=port, **target.sentinel_kwargs({}))
+        try:
+            known = client.sentinel_masters()
+        except (redis.exceptions.RedisError, OSError) as exc:
+            failed.append(f"{host}:{port} ({type(exc).__name__}: {exc})")
+            continue
+        finally:
+            client.close()
+        reachable.append(f"{host}:{port}")
+        masters.update(str(name) for name in known)
+    return reachable, failed, masters
+
+
+def check_redis(url: str, setting: str = "redis_url") -> None:
+    """Refuse a Redis URL a service cannot start on; RedisConfigError naming `setting`.
+
+    Every URL is parsed; a Sentinel URL is also checked against its sentinels: at least one
+    must answer, and one must know the master name. A plain Redis that is down is not an error
+    here: services that can run without it (the gateway) keep their own fallbacks.
+    """
+    target = parse_redis_url(url, setting)
+    if target is None:
+        return
+    reachable, failed, masters = _ask_sentinels(target)
+    if not reachable:
+        raise _error(url, setting, "no sentinel reachable: " + "; ".join(failed))
+    if target.master not in masters:
+        known = ", ".join(sorted(masters)) or "none"
+        raise _error(
+            url,
+            setting,
+            f"unknown master name {target.master!r}: the sentinels at {', '.join(reachable)} "
+            f"monitor {known}",
+        )
+
+
+def _acked(acked: int, wanted: int, timeout_ms: int) -> int:
+    if acked < wanted:
+        raise ReplicaAckError(
+            f"only {acked} of {wanted} replica(s) acknowledged the write within "
+            f"{timeout_ms} ms; it may be lost if the primary fails now"
+        )
+    return acked
+
+
+ACK_FENCE_KEY = "redline:{ack}:fence"
+"""The key a fence write bumps before WAIT (hash-tagged: one slot, Cluster-safe)."""
+
+
+def wait_for_replicas(
+    client: redis.Redis, replicas: int, timeout_ms: int, fence_key: str = ACK_FENCE_KEY
+) -> int:
+    """Wait until `replicas` replicas hold every write completed before the call; ReplicaAckError
+    if fewer acknowledge within `timeout_ms`. 0 replicas: nothing is sent.
+
+    WAIT counts the writes of its own connection, and a pooled client may have written on
+    another one; so a fence (INCR `fence_key`) and WAIT go out together on one connection: the
+    replication stream is ordered, so a replica holding the fence holds every earlier write.
+    """
+    if replicas <= 0:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    pipe.incr(fence_key)
+    pipe.wait(replicas, timeout_ms)
+    return _acked(int(pipe.execute()[-1]), replicas, timeout_ms)
+
+
+def durable_execute(pipe: redis.client.Pipeline, replicas: int, timeout_ms: int) -> list[Any]:
+    """Execute `pipe` with WAIT appended (same connection); its results without WAIT's.
+
+    `pipe` must be `pipeline(transaction=False)`: inside MULTI, WAIT does not block. Scripts
+    (EVALSHA) keep a write atomic without a transaction.
+    """
+    if replicas <= 0:
+        return list(pipe.execute())
+    # `transaction` is an instance flag here, shadowing Redis.transaction() (mypy sees that)
+    if vars(pipe).get("transaction") is True or pipe.explicit_transaction:
+        raise ValueError(
+            "durable_execute needs pipeline(transaction=False): WAIT in MULTI is a no-op"
+        )
+    pipe.wait(replicas, timeout_ms)
+    results = list(pipe.execute())
+    _acked(int(results[-1]), replicas, timeout_ms)
+    return results[:-1]
+
+
+async def async_durable_execute(
+    pipe: redis.asyncio.client.Pipeline, replicas: int, timeout_ms: int
+) -> list[Any]:
+    """The asyncio `durable_execute`: run `pipe` and WAIT on its one connection."""
+    if replicas <= 0:
+        return list(await pipe.execute())
+    if pipe.is_transaction or pipe.explicit_transaction:
+        raise ValueError(
+            "durable_execute needs pipeline(transaction=False): WAIT in MULTI is a no-op"
+        )
+    pipe.wait(replicas, timeout_ms)
+    results = list(await pipe.execute())
+    _acked(int(results[-1]), replicas, timeout_ms)
+    return results[:-1]
+
+
+async def async_wait_for_replicas(
+    client: redis.asyncio.Redis, replicas: int, timeout_ms: int, fence_key: str = ACK_FENCE_KEY
+) -> int:
+    """The asyncio `wait_for_replicas`: fence and WAIT on one connection of the pool."""
+    if replicas <= 0:
+        return 0
+    pipe = client.pipeline(transaction=False)
+    pipe.incr(fence_key)
+    pipe.wait(replicas, timeout_ms)
+    return _acked(int((await pipe.execute())[-1]), replicas, timeout_ms)
