@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -55,9 +55,13 @@ ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Settings YAML 
 SpecOpt = Annotated[Path | None, typer.Option("--spec", help="Spec YAML; default: embedded.")]
 
 
-def _settings(config: Path | None, **overrides: object) -> SessionSettings:
+S = TypeVar("S", SessionSettings, SessionSyncSettings)
+
+
+def _load(cls: type[S], config: Path | None, **overrides: object) -> S:
+    """Settings of `cls` (exit 2 naming the field when unusable), logging configured from them."""
     try:
-        settings = load_settings(SessionSettings, config, **overrides)
+        settings = load_settings(cls, config, **overrides)
     except SettingsError as exc:
         err.print(str(exc), markup=False, highlight=False)
         raise typer.Exit(2) from None
@@ -102,7 +106,8 @@ def replica(
     config: ConfigOpt = None,
 ) -> None:
     """Apply the CDC stream to the replica until SIGTERM/Ctrl-C (ACK after each apply)."""
-    s = _settings(
+    s = _load(
+        SessionSettings,
         config,
         redis_url=redis_url,
         replica_url=replica_url,
@@ -169,8 +174,12 @@ def writer(
     spec: SpecOpt = None,
 ) -> None:
     """Generate demo session traffic: each write appends a turn to a session's context."""
-    s = _settings(
-        config, redis_url=redis_url, session_stream=stream, session_ttl_seconds=ttl_seconds
+    s = _load(
+        SessionSettings,
+        config,
+        redis_url=redis_url,
+        session_stream=stream,
+        session_ttl_seconds=ttl_seconds,
     )
     retention = max(3600.0, 2 * _min_seconds(spec))
     client = open_redis(s.redis_url, timeout_seconds=5.0)
@@ -191,7 +200,9 @@ def status(
     config: ConfigOpt = None,
 ) -> None:
     """Print the CDC RPO of a stream's group: exit 2 if missing, 1 if Redis is unreachable."""
-    s = _settings(config, redis_url=redis_url, session_stream=stream, session_group=group)
+    s = _load(
+        SessionSettings, config, redis_url=redis_url, session_stream=stream, session_group=group
+    )
     client = open_redis(s.redis_url)
     try:
         lag = measure_cdc_rpo(client, s.session_stream, s.session_group)
@@ -213,18 +224,6 @@ def status(
     )
 
 
-def _sync_settings(config: Path | None, **overrides: object) -> SessionSyncSettings:
-    try:
-        settings = load_settings(SessionSyncSettings, config, **overrides)
-    except SettingsError as exc:
-        err.print(str(exc), markup=False, highlight=False)
-        raise typer.Exit(2) from None
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    return settings
-
-
 RegionOpt = Annotated[str | None, typer.Option("--region", help="This region (CRDT).")]
 
 
@@ -243,7 +242,8 @@ def sync(
     config: ConfigOpt = None,
 ) -> None:
     """Merge the other region's CRDT session deltas into this region until SIGTERM/Ctrl-C."""
-    s = _sync_settings(
+    s = _load(
+        SessionSyncSettings,
         config,
         redis_url=redis_url,
         source_url=source_url,
@@ -312,7 +312,7 @@ def crdt_writer(
     config: ConfigOpt = None,
 ) -> None:
     """Demo CRDT session traffic in one region: messages and a context variable per session."""
-    s = _sync_settings(config, redis_url=redis_url, region=region)
+    s = _load(SessionSyncSettings, config, redis_url=redis_url, region=region)
     client = open_redis(s.redis_url, timeout_seconds=5.0)
     try:
         store = CrdtSessionStore(client, s.region, s.layout, s.crdt_ttl_seconds)

@@ -296,6 +296,33 @@ def is_sentinel_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in SENTINEL_SCHEMES
 
 
+class _SentinelRedis(redis.Redis):
+    """A client of a Sentinel-managed primary that also closes its connections to the
+    sentinels when it is closed (redis-py leaves them open)."""
+
+    sentinel_manager: redis.sentinel.Sentinel | None = None
+
+    def close(self) -> None:
+        """Close the primary's connections and the sentinels'."""
+        super().close()
+        if self.sentinel_manager is not None:
+            for sentinel in self.sentinel_manager.sentinels:
+                sentinel.close()
+
+
+class _AsyncSentinelRedis(redis.asyncio.Redis):
+    """The asyncio `_SentinelRedis`."""
+
+    sentinel_manager: redis.asyncio.sentinel.Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        """Close the primary's connections and the sentinels'."""
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            for sentinel in self.sentinel_manager.sentinels:
+                await sentinel.aclose()
+
+
 def open_redis(url: str, setting: str = "redis_url", **options: Any) -> redis.Redis:
     """A synchronous client for `url` (plain, TLS or Sentinel); `options` go to the connections."""
     target = parse_redis_url(url, setting)
@@ -306,9 +333,10 @@ def open_redis(url: str, setting: str = "redis_url", **options: Any) -> redis.Re
         min_other_sentinels=target.min_other_sentinels,
         sentinel_kwargs=target.sentinel_kwargs(options),
     )
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        target.master, **target.master_kwargs(options)
+    client: _SentinelRedis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master, redis_class=_SentinelRedis, **target.master_kwargs(options)
     )
+    client.sentinel_manager = sentinel
     return client
 
 
@@ -322,9 +350,10 @@ def open_async_redis(url: str, setting: str = "redis_url", **options: Any) -> re
         min_other_sentinels=target.min_other_sentinels,
         sentinel_kwargs=target.sentinel_kwargs(options),
     )
-    client: redis.asyncio.Redis = sentinel.master_for(
-        target.master, **target.master_kwargs(options)
+    client: _AsyncSentinelRedis = sentinel.master_for(
+        target.master, redis_class=_AsyncSentinelRedis, **target.master_kwargs(options)
     )
+    client.sentinel_manager = sentinel
     return client
 
 

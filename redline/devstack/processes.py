@@ -322,12 +322,11 @@ def _service_dir(workdir: Path, name: str) -> Path:
     return workdir / f"{name}.log"
 
 
-def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1") -> Service:
-    """redis-server with keyspace notifications for expired/evicted keys, AOF on, in `workdir`."""
-    binary = find_binary("redis-server")
-    port = port or free_port(host)
-    argv = [
-        binary,
+def _redis_argv(workdir: Path, host: str, port: int, *extra: str) -> list[str]:
+    """redis-server on `host:port` in `workdir`: AOF on (fsync every second), no RDB snapshots,
+    keyspace notifications for expired/evicted keys, in the foreground."""
+    return [
+        find_binary("redis-server"),
         "--bind", host,
         "--port", str(port),
         "--dir", str(workdir),
@@ -335,8 +334,15 @@ def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1")
         "--appendonly", "yes",
         "--appendfsync", "everysec",
         "--notify-keyspace-events", "Exge",
+        *extra,
         "--daemonize", "no",
     ]  # fmt: skip
+
+
+def start_redis(workdir: Path, port: int | None = None, host: str = "127.0.0.1") -> Service:
+    """redis-server with keyspace notifications for expired/evicted keys, AOF on, in `workdir`."""
+    port = port or free_port(host)
+    argv = _redis_argv(workdir, host, port)
     log = _service_dir(workdir, "redis")
     service = start_service("redis", argv, log, port, _redis_ping(host, port), host=host)
     service.extra["url"] = f"redis://{host}:{port}/0"
@@ -348,21 +354,9 @@ def start_redis_replica(
 ) -> Service:
     """redis-server replicating `primary` (host, port), configured as `start_redis`; ready once
     its first sync is done (`master_link_status:up`)."""
-    binary = find_binary("redis-server")
     port = port or free_port(host)
-    argv = [
-        binary,
-        "--bind", host,
-        "--port", str(port),
-        "--dir", str(workdir),
-        "--save", "",
-        "--appendonly", "yes",
-        "--appendfsync", "everysec",
-        "--notify-keyspace-events", "Exge",
-        "--replicaof", primary[0], str(primary[1]),
-        "--replica-announce-ip", host,
-        "--daemonize", "no",
-    ]  # fmt: skip
+    replica = ("--replicaof", primary[0], str(primary[1]), "--replica-announce-ip", host)
+    argv = _redis_argv(workdir, host, port, *replica)
     log = _service_dir(workdir, "redis-replica")
     service = start_service(
         "redis-replica", argv, log, port, _replica_synced(host, port), host=host

@@ -97,6 +97,7 @@ def test_wait_counts_the_replica_and_fails_when_more_are_required(
     assert asyncio.run(fenced()) == 1
     with pytest.raises(ReplicaAckError):
         wait_for_replicas(client, 3, 100)
+    client.close()
 
 
 def test_a_client_follows_the_primary_after_sigkill(
@@ -119,6 +120,10 @@ def test_a_client_follows_the_primary_after_sigkill(
             assert time.monotonic() < deadline, "no primary after 30 s"
             time.sleep(0.2)
     assert failures > 0  # the write really waited for the failover
+    client.close()
     node = redis.Redis(replica.host, replica.port, decode_responses=True)
-    assert node.info("replication")["role"] == "master"
-    assert node.get("before") == "1" and node.get("after") == "1"
+    try:
+        assert node.info("replication")["role"] == "master"
+        assert node.get("before") == "1" and node.get("after") == "1"
+    finally:
+        node.close()
