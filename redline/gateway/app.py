@@ -183,9 +183,12 @@ def build_gateway_app(
         parsed = await _parse_admin(request, SpotReleaseRequest)
         if isinstance(parsed, Response):
             return parsed
-        return unknown_node(parsed.node) or JSONResponse(
-            {"node": parsed.node, "released": gateway.spot.release(parsed.node)}
-        )
+        refused = unknown_node(parsed.node)
+        if refused is not None:
+            return refused
+        released = gateway.spot.release(parsed.node)
+        gateway.router.released(parsed.node)
+        return JSONResponse({"node": parsed.node, "released": released})
 
     @admin.get("/spot/nodes/{node}")
     async def spot_node(node: str) -> Response:

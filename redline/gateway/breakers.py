@@ -289,6 +289,11 @@ class Breaker:
         self.probes_issued += 1
         return True, moved
 
+    def close(self, reason: str, now: float) -> Transition | None:
+        """Close the breaker at once (the region was proven healthy another way); the
+        transition, or None when it was closed already."""
+        return None if self.state == "closed" else self._move("closed", reason, now)
+
     def record(self, ok: bool, seconds: float, now: float) -> Transition | None:
         """Count one attempt's outcome and latency; the transition it caused, if any."""
         state = self.state
@@ -368,6 +373,13 @@ class BreakerBoard:
     def record(self, region: str, ok: bool, seconds: float) -> None:
         """Count one attempt at `region`."""
         self._emit(self.breakers[region].record(ok, seconds, self.clock()))
+
+    def close(self, region: str, reason: str) -> None:
+        """Close `region`'s breaker now: a spot replacement behind it passed its readiness gate
+        and the agent released it, so waiting out `open_for` would only keep traffic away."""
+        breaker = self.breakers.get(region)
+        if breaker is not None:
+            self._emit(breaker.close(reason, self.clock()))
 
     def states(self) -> dict[str, BreakerState]:
         """Region -> current state."""

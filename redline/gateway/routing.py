@@ -130,6 +130,11 @@ class RegionRouter:
         """Whether an attempt may go to `region` now (its breaker is not open, or it probes)."""
         return self.breakers is None or self.breakers.admit(region)
 
+    def released(self, region: str) -> None:
+        """A spot agent released `region` (its replacement is ready): close its breaker."""
+        if self.breakers is not None:
+            self.breakers.close(region, "released after a spot replacement's readiness gate")
+
     def attempted(self, region: str, ok: bool, seconds: float) -> None:
         """Record one attempt's outcome and latency in the region's breaker."""
         if self.breakers is not None:

@@ -270,3 +270,17 @@ def test_gateway_overrides_are_validated_like_the_spec() -> None:
         BreakerOverrides(error_rate=1.5).apply(Breakers())
     with pytest.raises(GatewayConfigError, match=r"breakers\.window"):
         BreakerOverrides(window="500ms").apply(Breakers())
+
+
+def test_a_released_spot_replacement_closes_its_breaker_at_once() -> None:
+    b, clock, moves = board()
+    feed(b, clock, 40, error_every=2)  # the node died: connection errors open the breaker
+    assert b.states()["primary"] == "open" and not b.admit("primary")
+    b.close("primary", "released after a spot replacement's readiness gate")
+    assert b.states()["primary"] == "closed" and b.admit("primary")
+    assert [(m.before, m.after) for m in moves] == [("closed", "open"), ("open", "closed")]
+    assert "readiness gate" in moves[-1].reason
+    b.close("primary", "again")  # closed already: no transition
+    b.close("nowhere", "unknown region: ignored")
+    assert len(moves) == 2
+    assert b.order(["primary", "secondary"]) == ["primary", "secondary"]
