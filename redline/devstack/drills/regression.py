@@ -148,20 +148,24 @@ def _switching_job(
         return gate_job
     assert result.playbook is not None
     after = (result.fault_at or 0.0) - 1.0
-    for job in ctx.probe.jobs(result.playbook):
-        if job_matches(job, MUTATION_ROLLBACK_ALERT, labels) and _verified_pods(job):
-            if parse_time(job["created_at"]) >= after:
-                result.notes.append(
-                    f"rolled back by {MUTATION_ROLLBACK_ALERT} (job {job['id']}): the canaries' "
-                    f"answers mutated while the gate's conditions held; the gate's job "
-                    f"{gate_job['id']} then found {GOOD_VERSION} already active"
-                )
-                verify = [s for s in job["steps"] if s.get("phase") == "verify" and s.get("ok")]
-                result.remediated_at = float(verify[-1]["at"])
-                result.playbook_started_at = step_time(job, "plan")
-                result.notified_at = parse_time(job["created_at"])
-                result.job_id = job["id"]
-                return dict(job)
+    for listed in ctx.probe.jobs(result.playbook):
+        if not job_matches(listed, MUTATION_ROLLBACK_ALERT, labels):
+            continue
+        if parse_time(listed["created_at"]) < after:
+            continue
+        job = ctx.probe.job(listed["id"])  # the listing carries no steps
+        if _verified_pods(job):
+            result.notes.append(
+                f"rolled back by {MUTATION_ROLLBACK_ALERT} (job {job['id']}): the canaries' "
+                f"answers mutated while the gate's conditions held; the gate's job "
+                f"{gate_job['id']} then found {GOOD_VERSION} already active"
+            )
+            verify = [s for s in job["steps"] if s.get("phase") == "verify" and s.get("ok")]
+            result.remediated_at = float(verify[-1]["at"])
+            result.playbook_started_at = step_time(job, "plan")
+            result.notified_at = parse_time(job["created_at"])
+            result.job_id = job["id"]
+            return dict(job)
     return gate_job
 
 
