@@ -36,7 +36,8 @@ def _traffic(spec: Spec) -> Section:
     ratio = spec.quotas.throttle_alert_ratio
     throttled = (
         f'sum by (tenant) (rate({requests}{{outcome="throttled"}}[$__rate_interval]))\n'
-        f"/ sum by (tenant) (rate({requests}[$__rate_interval]))"
+        # An idle tenant reads 0 (nothing throttled), not 0/0.
+        f"/ clamp_min(sum by (tenant) (rate({requests}[$__rate_interval])), 1e-9)"
     )
     return Section(
         "Requests and tokens by tenant",
