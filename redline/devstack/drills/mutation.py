@@ -18,6 +18,7 @@ from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
     job_matches,
+    last_verify,
     require_quiet,
     run_playbook_loop,
     wait_firing,
@@ -100,8 +101,8 @@ def drill_mutation(ctx: DrillContext) -> DrillResult:
             result.condition_delay = max(0.0, onset[0][0] - scrape - result.fault_at)
         diff = alert.get("diff", "")
         result.check("the alert carries the diff", "lyon" in diff and "paris" in diff, diff)
-        verify = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
-        candidate = ((verify[-1].get("data") or {}).get("candidate") or {}) if verify else {}
+        verify = last_verify(job)
+        candidate = ((verify.get("data") or {}).get("candidate") or {}) if verify else {}
         evidence = (candidate.get("evidence") or {}).get(f"{faulty}/{CANARY}") or {}
         result.check(
             "flagged as a rollback candidate",

@@ -16,6 +16,7 @@ from redline.devstack.drills.context import DeferredRecovery, DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
     job_matches,
+    last_verify,
     require_quiet,
     run_playbook_loop,
     step_time,
@@ -154,14 +155,14 @@ def _switching_job(
         if parse_time(listed["created_at"]) < after:
             continue
         job = ctx.probe.job(listed["id"])  # the listing carries no steps
-        if _verified_pods(job):
+        verify = last_verify(job)
+        if verify is not None and _verified_pods(job):
             result.notes.append(
                 f"rolled back by {MUTATION_ROLLBACK_ALERT} (job {job['id']}): the canaries' "
                 f"answers mutated while the gate's conditions held; the gate's job "
                 f"{gate_job['id']} then found {GOOD_VERSION} already active"
             )
-            verify = [s for s in job["steps"] if s.get("phase") == "verify" and s.get("ok")]
-            result.remediated_at = float(verify[-1]["at"])
+            result.remediated_at = float(verify["at"])
             result.playbook_started_at = step_time(job, "plan")
             result.notified_at = parse_time(job["created_at"])
             result.job_id = job["id"]
@@ -171,8 +172,8 @@ def _switching_job(
 
 def _verified_pods(job: Mapping[str, Any]) -> dict[str, Any]:
     """The pods the job's last successful verify step reported (empty: it switched none)."""
-    verify = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
-    pods: dict[str, Any] = (verify[-1].get("data") or {}).get("pods") or {} if verify else {}
+    verify = last_verify(job)
+    pods: dict[str, Any] = (verify.get("data") or {}).get("pods") or {} if verify else {}
     return pods
 
 

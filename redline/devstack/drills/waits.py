@@ -99,6 +99,12 @@ def step_time(job: Mapping[str, Any], phase: str, name: str | None = None) -> fl
     return None
 
 
+def last_verify(job: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The job's last successful verify step (None: it recorded none)."""
+    steps = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
+    return steps[-1] if steps else None
+
+
 def run_playbook_loop(
     ctx: DrillContext, result: DrillResult, labels: Mapping[str, str], timeout: float
 ) -> dict[str, Any]:
@@ -110,15 +116,13 @@ def run_playbook_loop(
     ctx.say(result.drill, f"webhook received: job {job['id']} ({result.playbook})")
     job = wait_job_done(ctx, result.drill, result.playbook, job["id"], timeout)
     result.playbook_started_at = step_time(job, "plan")
-    verify = [s for s in job.get("steps") or [] if s.get("phase") == "verify" and s.get("ok")]
-    if verify:
-        result.remediated_at = float(verify[-1]["at"])
-        result.check("playbook verified", True, str(verify[-1].get("detail", "")))
+    verify = last_verify(job)
+    if verify is not None:
+        result.remediated_at = float(verify["at"])
+        result.check("playbook verified", True, str(verify.get("detail", "")))
     else:
         result.check("playbook verified", False, "the job succeeded without a verify record")
-    ctx.say(
-        result.drill, f"{result.playbook} verified: {verify[-1].get('detail') if verify else ''}"
-    )
+    ctx.say(result.drill, f"{result.playbook} verified: {verify.get('detail') if verify else ''}")
     return job
 
 
@@ -159,6 +163,7 @@ def wait_recovered(
 __all__ = [
     "budget_for",
     "job_matches",
+    "last_verify",
     "require_quiet",
     "run_playbook_loop",
     "step_time",

@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from redline.platform.endpoints import check_base_url
 from redline.platform.spot.errors import SpotAgentError
 
 log = logging.getLogger(__name__)
@@ -79,17 +80,6 @@ class KubernetesConflictError(KubernetesError):
 
 
 # ---- settings -------------------------------------------------------------------------------
-
-
-def _check_url(value: str, where: str) -> str:
-    try:
-        parsed = urlsplit(value)
-        valid = parsed.scheme in ("http", "https") and bool(parsed.hostname)
-    except ValueError:
-        valid = False
-    if not valid:
-        raise ValueError(f"{where}: {value!r} is not an http(s) URL")
-    return value.rstrip("/")
 
 
 class KubernetesSettings(BaseModel):
@@ -141,7 +131,7 @@ class KubernetesSettings(BaseModel):
     @field_validator("api_url")
     @classmethod
     def _api(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, "api_url")
+        return None if value is None else check_base_url(value, "api_url")
 
     @field_validator("node_name", "namespace", "pod_selector")
     @classmethod
