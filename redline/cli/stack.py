@@ -39,6 +39,7 @@ from redline.devstack.models import (
     create_snapshots,
     describe,
     record_baselines,
+    wait_for_active_version,
     write_adapters,
 )
 from redline.devstack.parts import Say, part_alive
@@ -133,6 +134,11 @@ def bring_up(options: UpOptions, guard: InterruptGuard | None = None) -> StackSt
             raise StackError(f"baselines: {exc}") from None
         for measurement in measurements:
             say(describe(measurement))
+        try:
+            took = wait_for_active_version(endpoints.prometheus_url)
+        except BaselineError as exc:
+            raise StackError(f"baselines: {exc}") from None
+        say(f"Prometheus reports {ADAPTER_VERSIONS[0]} active again after {took:.1f} s")
 
     return start_stack(options, _say, setup, baselines, guard)
 

@@ -24,7 +24,9 @@ import httpx
 
 from redline.devstack.layout import ADAPTER, ADAPTER_VERSIONS, BASE_MODEL, StackLayout
 from redline.platform.golden import GOLDEN_SET, accuracy, fetch_golden_answers
+from redline.platform.prometheus import PrometheusClient, PrometheusError
 from redline.platform.snapshots import Baselines, Snapshot, SnapshotRegistry
+from redline.slo import catalog
 
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
@@ -235,6 +237,34 @@ def record_baselines(
     return measurements
 
 
+def wait_for_active_version(prometheus_url: str, timeout: float = 60.0) -> float:
+    """Wait until Prometheus joins every request series to the first version again; the
+    seconds it took.
+
+    Measuring the baselines leaves each version active in turn; until the exporter's next
+    probe is scraped and the join rule evaluated, the newest version's label is still the one
+    Prometheus stamps on requests. A stack is up only once it reports what it serves.
+    """
+    query = f'{catalog.MODEL_ACTIVE_VERSION_RECORD}{{{catalog.LABEL_MODEL}="{ADAPTER}"}}'
+    wanted = {ADAPTER_VERSIONS[0]}
+    started = time.monotonic()
+    seen: set[str] = set()
+    with PrometheusClient(prometheus_url, timeout=5.0, trust_env=False) as prometheus:
+        while time.monotonic() - started < timeout:
+            try:
+                series = prometheus.instant(query)
+            except PrometheusError:
+                series = []
+            seen = {labels.get(catalog.LABEL_MODEL_VERSION, "") for labels, _ in series}
+            if seen == wanted:
+                return time.monotonic() - started
+            time.sleep(0.25)
+    raise BaselineError(
+        f"Prometheus still shows {ADAPTER} versions {sorted(seen)} after {timeout:g} s "
+        f"({ADAPTER_VERSIONS[0]} is active in the registry): {query}"
+    )
+
+
 def describe(measurement: Measurement) -> str:
     """One line for `redline up`."""
     return (
@@ -253,5 +283,6 @@ __all__ = [
     "describe",
     "measure_version",
     "record_baselines",
+    "wait_for_active_version",
     "write_adapters",
 ]
