@@ -238,8 +238,8 @@ def record_baselines(
 
 
 def wait_for_active_version(prometheus_url: str, timeout: float = 60.0) -> float:
-    """Wait until Prometheus joins every request series to the first version again; the
-    seconds it took.
+    """Wait until Prometheus joins engine series to the first version again (a stack without
+    a gateway); the seconds it took.
 
     Measuring the baselines leaves each version active in turn; until the exporter's next
     probe is scraped and the join rule evaluated, the newest version's label is still the one

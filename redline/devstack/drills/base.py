@@ -210,6 +210,20 @@ def matching_alerts(
     return [alert for alert in alerts if labels_match(alert["labels"], wanted)]
 
 
+def exposition_total(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of the samples called `name` (e.g. `x_total`) in a /metrics text whose labels
+    include `labels`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = (labels or {}).items()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and wanted <= sample.labels.items()
+    )
+
+
 def poll_until(
     check: Callable[[], T | None],
     timeout: float,
@@ -247,6 +261,7 @@ def poll_until(
 
 
 __all__ = [
+    "exposition_total",
     "Check",
     "DrillError",
     "DrillResult",

@@ -7,7 +7,7 @@ closed.
 No alert is part of this loop: `GatewayBreakerOpen` pages only for a breaker that stays open
 for `breakers.alert_after` (5 min), which a recovered primary never reaches, so the drill
 checks that it does not fire. Times come from the gateway's `/healthz` (polled every 0.1 s),
-failed attempts from the primary pods' own `/admin/stats`, client errors from the load
+failed attempts at the primary from the gateway's reroute counter, client errors from the load
 generator's stats. The local profile shortens the window and the open time
 (`breaker_window`, `breaker_open_for`) so the loop closes in seconds."""
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.context import DrillContext
+from redline.slo import catalog
 from redline.slo.spec import parse_duration
 
 ERROR_RATE = 0.3
@@ -36,13 +37,10 @@ def _breaker_state(ctx: DrillContext, region: str) -> str:
 
 
 def _failed_attempts(ctx: DrillContext, region: str) -> int:
-    """Requests the region's pods answered with an injected error, summed over its pods."""
-    total = 0
-    for url in ctx.endpoints.pod_urls(region):
-        response = ctx.probe.http.get(f"{url}/admin/stats")
-        response.raise_for_status()
-        total += int(response.json()["counts"].get("errors", 0))
-    return total
+    """Attempts the gateway sent to the region that failed and were moved to the next region
+    (its reroute counter; the pods' own error counts would include the exporter's probes,
+    which call the regions directly)."""
+    return int(ctx.probe.gateway_total(catalog.LLM_REROUTES_TOTAL.name, from_region=region))
 
 
 @dataclass

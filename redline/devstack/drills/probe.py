@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from redline.devstack.drills.base import DrillError, matching_alerts
+from redline.devstack.drills.base import DrillError, exposition_total, matching_alerts
 from redline.devstack.fakes.simulator import adapter_version
 from redline.devstack.layout import ADAPTER, Endpoints, StackLayout
 from redline.devstack.loadgen import summarize_stats
@@ -147,6 +147,12 @@ class StackProbe:
             region: next(iter(seen)) if len(seen) == 1 else "mixed: " + ", ".join(sorted(seen))
             for region, seen in by_region.items()
         }
+
+    def gateway_total(self, name: str, **labels: str) -> float:
+        """Sum of the gateway's /metrics samples called `name` whose labels include `labels`."""
+        response = self.http.get(f"{self.endpoints.gateway_url}/metrics")
+        response.raise_for_status()
+        return exposition_total(response.text, name, labels)
 
     def loadgen_failures(self) -> dict[str, int]:
         """Requests the load generator saw fail so far, by HTTP status (or `error`)."""

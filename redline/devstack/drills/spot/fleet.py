@@ -35,7 +35,7 @@ import redis
 import yaml
 
 from redline.core.servers import ServerThread, serve_in_thread
-from redline.devstack.drills.base import matching_alerts, poll_until
+from redline.devstack.drills.base import exposition_total, matching_alerts, poll_until
 from redline.devstack.fakes.metadata_server import MetadataSettings, build_metadata_app
 from redline.devstack.processes import (
     Service,
@@ -396,21 +396,9 @@ class SpotFleet:
             >= preemption.issued_at - 0.5
         )
 
-    def gateway_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
-        """Samples of one family of the gateway's /metrics."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = self.http.get(f"{self.gateway_url}/metrics").text
-        out = []
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    out.append((dict(sample.labels), float(sample.value)))
-        return out
-
     def gateway_total(self, name: str, **labels: str) -> float:
         """Sum of a gateway family's samples whose labels include `labels`."""
-        return sum(v for got, v in self.gateway_samples(name) if labels.items() <= got.items())
+        return exposition_total(self.http.get(f"{self.gateway_url}/metrics").text, name, labels)
 
     def alerts(self, name: str, **labels: str) -> list[dict[str, Any]]:
         """Prometheus's active alerts called `name` with these labels."""
