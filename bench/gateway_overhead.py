@@ -12,7 +12,10 @@ gateway with them off (REDLINE_BREAKERS='{"enabled": false}') shows what the bre
 A fourth runs the token quotas (REDLINE_QUOTAS_FILE: one limit matching every request, roomy
 enough never to throttle): intent classification, token estimation, one EVALSHA to Redis per
 request and the settlements (batched off the request path); its difference from "tracing off"
-is their cost, printed as CPU and as added p50/p99.
+is their cost, printed as CPU and as added p50/p99. A fifth keeps the prompt log
+(REDLINE_PROMPT_LOG: every answered request, streamed ones too, queued for the background writer
+that redacts, batches and appends): its difference from "tracing off" is the request path's
+share of the log.
 
 Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
 """
@@ -20,6 +23,7 @@ Run: `.venv/bin/python -m bench.gateway_overhead [--requests N]`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -193,11 +197,14 @@ def main(argv: list[str] | None = None) -> None:
             quota_file = root / "quotas.yaml"
             quota_file.write_text(QUOTAS_FILE)
             quotas = {**plain, "REDLINE_QUOTAS_FILE": str(quota_file)}
+            prompt_log = json.dumps({"enabled": True, "directory": str(root / "prompt-log")})
+            logged = {**plain, "REDLINE_PROMPT_LOG": prompt_log}
             sides = (
                 ("tracing off", plain),
                 ("tracing on", traced),
                 ("breakers off", unbroken),
                 ("quotas on", quotas),
+                ("prompt log", logged),
             )
             for side, env in sides:
                 port = free_port()
@@ -256,6 +263,13 @@ def _report(requests: int, runs: list[Run], exported: int) -> None:
             on, off = run.times["quotas on"], run.times["tracing off"]
             gap = [(_quantile(on, q) - _quantile(off, q)) * 1000 for q in (0.5, 0.99)]
             print(f"{run.mode:<7}quotas on vs off: p50 {gap[0]:+.3f} ms, p99 {gap[1]:+.3f} ms")
+        if "prompt log" in run.times and "tracing off" in run.times:
+            logged, bare = run.times["prompt log"], run.times["tracing off"]
+            gaps = []
+            for name, level in (("p50", 0.5), ("p99", 0.99)):
+                a, b = _quantile(logged, level), _quantile(bare, level)
+                gaps.append(f"{name} {(a - b) * 1000:+.3f} ms ({a / b:.2f}x)")
+            print(f"{run.mode:<7}prompt log on vs off: {', '.join(gaps)}")
     print("CPU per request (load-independent view of the cost; simulator serves every side):")
     ratios = []
     for run in runs:
@@ -284,6 +298,13 @@ def _report(requests: int, runs: list[Run], exported: int) -> None:
             print(
                 f"{run.mode}: intent + token estimate + quota check add {added * 1000:.1f} us of "
                 f"gateway CPU per request ({per['quotas on'] / per['tracing off']:.2f}x quotas off)"
+            )
+        if per.get("tracing off") and "prompt log" in per:
+            added = per["prompt log"] - per["tracing off"]
+            print(
+                f"{run.mode}: the prompt log (queue, redaction, batches, appends; writer thread "
+                f"included) adds {added * 1000:.1f} us of gateway CPU per request "
+                f"({per['prompt log'] / per['tracing off']:.2f}x prompt log off)"
             )
     print(f"spans exported to the sink: {exported / 1024:.0f} KiB of OTLP protobuf")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

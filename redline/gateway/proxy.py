@@ -61,6 +61,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from redline.core.failover import RETRY_AFTER
 from redline.gateway.metrics import REROUTE_REASONS, GatewayMetrics
 from redline.gateway.quotas import Admission, QuotaGate, QuotaTicket, rewrite_model
 from redline.gateway.routing import RegionRouter
@@ -374,7 +375,11 @@ class Gateway:
             self.metrics.observe(
                 started, "unknown", "none", "none", False, "unknown", refusal.status
             )
-        return openai_error(refusal.status, refusal.message, refusal.kind)
+        answer = openai_error(refusal.status, refusal.message, refusal.kind)
+        if refusal.status == 503:
+            # The ledger (Redis) unreachable or failing over: the client retries shortly.
+            answer.headers.update(RETRY_AFTER)
+        return answer
 
     def _quota_refusal(self, started: float, admission: Admission, record: bool) -> Response:
         refusal = admission.refusal
@@ -634,9 +639,9 @@ class Gateway:
         if inflight.attempt > 1:
             headers[ATTEMPT_HEADER] = str(inflight.attempt)
             headers[RESUMED_HEADER] = "true" if resumed else "false"
-        if self.prompt_log is not None and record and response.status < 400:
-            self.prompt_log.submit(req.request_id, req.headers, req.payload, outcome.body)
         if outcome.body is not None:
+            if self.prompt_log is not None and record and response.status < 400:
+                self.prompt_log.submit(req.request_id, req.headers, req.payload, outcome.body)
             if record:
                 prompt, completion = _usage(outcome.body, response)
                 self._observe(
@@ -708,6 +713,13 @@ class Gateway:
                 tpot = tally.tpot()
                 if tpot is not None:
                     self.spot.note_tpot(served, tpot)
+            if self.prompt_log is not None and record and outcome.response.status < 400:
+                # The deltas the client was sent, decoded on the writer's thread; a stream cut,
+                # abandoned or drained is logged as far as it went, marked truncated.
+                truncated = status != outcome.response.status
+                self.prompt_log.submit(
+                    req.request_id, req.headers, req.payload, None, tally.contents, truncated
+                )
             if record:
                 completion = tally.completion_tokens
                 if completion is None and tally.content_chunks:

@@ -3,32 +3,39 @@ chained and anchored in two places, and a session index for trace-back without a
 
 Layout (one directory, one writer at a time: appends hold an exclusive `flock` on `lock`):
 
-- `records.seg`: the records, one canonical JSON line each, batch after batch:
-  `{b, i, ts, session, request, prompt, answer, content_hash}` (`b` the batch, `i` the leaf
-  index); `content_hash` is SHA-256(0x02 | request | prompt | answer), fields length-prefixed.
-- `tree.bin`: each batch's Merkle tree, every level (leaves first) as raw 32-byte nodes. Leaf =
-  SHA-256(0x00 | ts | session | content_hash) with each field length-prefixed; node =
-  SHA-256(0x01 | left | right) (domain separation: a leaf can never pass for a node); an odd
-  node at the end of a level moves up unchanged.
+- `records-<segment>.seg` (`records-000000.seg`, ...): the records, one canonical JSON line
+  each, batch after batch: `{b, i, ts, session, request, prompt, answer, content_hash}` (`b` the
+  batch, `i` the leaf index; `truncated: true` added to a streamed answer the client or the
+  upstream cut short); `content_hash` is SHA-256(0x02 | request | prompt | answer [| the
+  truncation mark]), fields length-prefixed. A batch starts a new segment once the current one
+  holds `segment_bytes`: closed segments are never written again, so a change to one is
+  tampering, and re-checking the segment that changed costs the same at any log size.
+- `tree-<segment>.bin`: each batch's Merkle tree, every level (leaves first) as raw 32-byte
+  nodes. Leaf = SHA-256(0x00 | ts | session | content_hash) with each field length-prefixed;
+  node = SHA-256(0x01 | left | right) (domain separation: a leaf can never pass for a node); an
+  odd node at the end of a level moves up unchanged.
 - `roots.jsonl` and, in Redis, the list `{prefix}:prompts:roots` with the head
   `{prefix}:prompts:head` (`<batches>:<last chain hash>`): one entry per batch,
-  `{batch, count, root, first_ts, last_ts, records_offset, records_length, records_digest,
-  tree_offset, prev, chain}`, where `prev` is the previous entry's `chain` (64 zeros first) and
-  `chain` the SHA-256 of the canonical JSON of the rest: each root commits to every root before
-  it, and `records_digest` (SHA-256 of the batch's bytes in `records.seg`) seals the bytes.
+  `{batch, count, segment, root, first_ts, last_ts, records_offset, records_length,
+  records_digest, tree_offset, prev, chain}` (offsets within the batch's segment), where `prev`
+  is the previous entry's `chain` (64 zeros first) and `chain` the SHA-256 of the canonical JSON
+  of the rest: each root commits to every root before it, and `records_digest` (SHA-256 of the
+  batch's bytes) seals the bytes.
 - the session index in Redis: `{prefix}:prompts:s:<session>`, a list of
   `<batch>:<leaf>:<offset>:<length>`. It only locates records; everything `trace` returns is
   checked against the anchored root with an inclusion proof.
 
 Why files for the records and Redis for the anchors and the index: a million records of a few
-hundred bytes are a few hundred MB, which a sequential file holds for free and Redis would hold
+hundred bytes are a few hundred MB, which sequential files hold for free and Redis would hold
 in RAM; the anchors (one small entry per batch) and the index (a short string per record) are
 tens of MB, and Redis gives a second copy of the roots on another machine plus O(1) look-ups.
 
 `verify` checks both copies of the chain (hashes, links, order, head), that they agree, and
-each batch's sealed bytes (SHA-256 runs at memory speed in threads: the fast path); batches whose
-bytes changed are diagnosed record by record (content hash, leaf order, missing leaves, leaves
-against the stored tree and the anchored root) to say where. `deep=True` recomputes every root.
+each batch's sealed bytes (SHA-256 in threads: the fast path); batches whose bytes changed are
+diagnosed record by record (content hash, leaf order, missing leaves, leaves against the stored
+tree and the anchored root) to say where. `deep=True` recomputes every root. `check_segments`
+is the same check for some segments only: what the watcher (`redline.platform.promptwatch`)
+runs on the segment a change event names.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import json
 import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections import Counter
@@ -63,9 +71,11 @@ SESSION_HEADER = "x-redline-session-id"
 RECORD_FIELDS = frozenset(
     {"b", "i", "ts", "session", "request", "prompt", "answer", "content_hash"}
 )
+TRUNCATED = "truncated"  # the optional record field of an answer cut short
 ENTRY_FIELDS = (
     "batch",
     "count",
+    "segment",
     "root",
     "first_ts",
     "last_ts",
@@ -76,9 +86,13 @@ ENTRY_FIELDS = (
     "prev",
     "chain",
 )
+_ENTRY_NUMBERS = frozenset(
+    {"batch", "count", "segment", "records_offset", "records_length", "tree_offset"}
+)
 _LEAF = b"\x00"
 _NODE = b"\x01"
 _CONTENT = b"\x02"
+_TRUNCATION = len(TRUNCATED).to_bytes(4, "big") + TRUNCATED.encode()
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -111,6 +125,11 @@ class PromptLogSettings(BaseModel):
     flush_seconds: float = Field(0.5, gt=0, description="Longest a record waits for its batch.")
     queue_size: int = Field(10000, ge=1, description="Records waiting at most (more: dropped).")
     fsync: bool = Field(True, description="fsync the files before anchoring each batch.")
+    segment_bytes: int = Field(
+        16 << 20,
+        ge=4096,
+        description="A batch starts a new segment file once the current one holds this much.",
+    )
 
     def redactor(self) -> Redactor:
         """The configured redactor (RedactionError when a kind or pattern is unusable)."""
@@ -138,9 +157,12 @@ def sha256_hex(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def content_hash(request: str, prompt: str | None, answer: str | None) -> str:
+def content_hash(
+    request: str, prompt: str | None, answer: str | None, truncated: bool = False
+) -> str:
     """The hash a record's content must match: H(0x02 | request | prompt | answer), each field
-    framed (a missing text is framed apart from an empty one)."""
+    framed (a missing text is framed apart from an empty one); a truncated answer adds a fourth
+    framed field, so the mark cannot be removed or added without changing the hash."""
     data = bytearray(_CONTENT)
     for part in (request, prompt, answer):
         if part is None:
@@ -148,7 +170,33 @@ def content_hash(request: str, prompt: str | None, answer: str | None) -> str:
         else:
             encoded = part.encode("utf-8")
             data += len(encoded).to_bytes(4, "big") + encoded
+    if truncated:
+        data += _TRUNCATION
     return hashlib.sha256(data).hexdigest()
+
+
+def parse_record(raw: bytes | str) -> dict[str, Any] | None:
+    """A segment line as a record (None when it is not one: unparsable, fields missing or
+    extra, a `truncated` member that is not `true`)."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    fields = set(record)
+    if fields == RECORD_FIELDS:
+        return record
+    if fields == RECORD_FIELDS | {TRUNCATED} and record[TRUNCATED] is True:
+        return record
+    return None
+
+
+def record_content_hash(record: Mapping[str, Any]) -> str:
+    """The content hash a parsed record's fields give (to compare with its `content_hash`)."""
+    return content_hash(
+        record["request"], record["prompt"], record["answer"], record.get(TRUNCATED) is True
+    )
 
 
 def _framed(*parts: str) -> bytes:
@@ -236,6 +284,7 @@ class PromptRecord:
     request: str
     prompt: str | None
     answer: str | None
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,6 +293,7 @@ class BatchEntry:
 
     batch: int
     count: int
+    segment: int
     root: str
     first_ts: str
     last_ts: str
@@ -268,12 +318,12 @@ class BatchEntry:
 
     @property
     def records_end(self) -> int:
-        """Byte offset in the segment just past the batch."""
+        """Byte offset in the batch's segment file just past the batch."""
         return self.records_offset + self.records_length
 
     @property
     def tree_end(self) -> int:
-        """Byte offset in the tree file just past the batch's tree."""
+        """Byte offset in the batch's tree file just past the batch's tree."""
         return self.tree_offset + 32 * sum(level_sizes(self.count))
 
     @classmethod
@@ -283,6 +333,17 @@ class BatchEntry:
             data = json.loads(text)
             if not isinstance(data, dict) or set(data) != set(ENTRY_FIELDS):
                 raise ValueError(f"fields are not {', '.join(ENTRY_FIELDS)}")
+            # Numbers locate bytes in files: a forged entry must not pass a string for one.
+            wrong = [
+                k
+                for k, v in data.items()
+                if not isinstance(v, int | str)
+                or isinstance(v, bool)
+                or isinstance(v, int) != (k in _ENTRY_NUMBERS)
+                or (isinstance(v, int) and v < 0)
+            ]
+            if wrong:
+                raise ValueError(f"{', '.join(sorted(wrong))} of the wrong type")
             return cls(**data)
         except (ValueError, TypeError) as exc:
             raise PromptLogError(f"not a batch entry: {exc}") from None
@@ -321,20 +382,20 @@ class BuiltBatch:
 
 def record_line(batch: int, leaf: int, record: PromptRecord) -> tuple[str, str]:
     """The segment line of a record and its content hash."""
-    digest = content_hash(record.request, record.prompt, record.answer)
-    line = canonical_json(
-        {
-            "b": batch,
-            "i": leaf,
-            "ts": record.ts,
-            "session": record.session,
-            "request": record.request,
-            "prompt": record.prompt,
-            "answer": record.answer,
-            "content_hash": digest,
-        }
-    )
-    return line, digest
+    digest = content_hash(record.request, record.prompt, record.answer, record.truncated)
+    fields: dict[str, Any] = {
+        "b": batch,
+        "i": leaf,
+        "ts": record.ts,
+        "session": record.session,
+        "request": record.request,
+        "prompt": record.prompt,
+        "answer": record.answer,
+        "content_hash": digest,
+    }
+    if record.truncated:
+        fields[TRUNCATED] = True
+    return canonical_json(fields), digest
 
 
 def build_batch(
@@ -343,8 +404,10 @@ def build_batch(
     prev: str,
     records_offset: int,
     tree_offset: int,
+    segment: int = 0,
 ) -> BuiltBatch:
-    """Serialize `records` as batch `batch` after the chain hash `prev`, at these offsets."""
+    """Serialize `records` as batch `batch` after the chain hash `prev`, at these offsets of
+    segment `segment`'s files."""
     if not records:
         raise PromptLogError("an empty batch cannot be appended")
     parts: list[bytes] = []
@@ -363,6 +426,7 @@ def build_batch(
     fields: dict[str, Any] = {
         "batch": batch,
         "count": len(records),
+        "segment": segment,
         "root": levels[-1][0].hex(),
         "first_ts": records[0].ts,
         "last_ts": records[-1].ts,
@@ -520,25 +584,19 @@ def diagnose_batch(entry: BatchEntry, lines: Sequence[bytes], tree: bytes | None
     leaves: list[bytes] = []
     seen: list[int] = []
     for position, raw in enumerate(lines):
-        try:
-            record = json.loads(raw)
-            if not isinstance(record, dict) or set(record) != RECORD_FIELDS:
-                raise ValueError("not a prompt record")
-        except ValueError as exc:
+        record = parse_record(raw)
+        if record is None:
             problems.append(
-                Problem(where, f"line {position} of the batch is not a record: {exc}", b)
+                Problem(where, f"line {position} of the batch is not a record: {raw[:60]!r}", b)
             )
             continue
         leaf = record["i"]
         if record["b"] != b:
             problems.append(
-                Problem(where, f"record of batch {record['b']} found here: moved", b, leaf)
+                Problem(where, f"found among the records of batch {b}: moved", record["b"], leaf)
             )
             continue
-        if (
-            content_hash(record["request"], record["prompt"], record["answer"])
-            != record["content_hash"]
-        ):
+        if record_content_hash(record) != record["content_hash"]:
             problems.append(
                 Problem(
                     where,
@@ -559,11 +617,14 @@ def diagnose_batch(entry: BatchEntry, lines: Sequence[bytes], tree: bytes | None
             Problem(where, f"leaf index outside 0..{entry.count - 1}: inserted", b, leaf)
         )
     tally = Counter(seen)
+    for leaf, times in sorted(tally.items()):
+        if times > 1:
+            problems.append(Problem(where, f"found {times} times: duplicated", b, leaf))
     for position, leaf in enumerate(seen):
         if leaf != position and tally[leaf] == 1 and len(seen) == entry.count:
             problems.append(Problem(where, f"found at position {position}: reordered", b, leaf))
-    if problems:
-        return problems
+    if problems or len(leaves) != entry.count:
+        return problems or [Problem(where, f"{len(leaves)} records, {entry.count} anchored", b)]
     if build_levels(leaves)[-1][0].hex() == entry.root:
         return []
     stored: list[bytes] | None = None
@@ -673,12 +734,12 @@ end
 return {1, ARGV[2]}
 """
 
-_CHUNK = 8 << 20
 SHIFTED = (
     "not at its indexed offset: bytes before it were edited, inserted or removed "
     "(redline prompts verify says where)"
 )
 RESEALED = "bytes differ from the sealed digest but every record verifies (reformatted)"
+_SEGMENT_FILE = re.compile(r"^records-(\d{6,})\.seg$")
 
 
 def _read_range(handle: BinaryIO, offset: int, length: int) -> bytes:
@@ -699,35 +760,81 @@ def stored_proof(handle: BinaryIO, entry: BatchEntry, leaf: int) -> list[bytes]:
     return proof
 
 
-def _digest_range(path: Path, offset: int, length: int) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        fd = handle.fileno()
-        while length > 0:
-            data = os.pread(fd, min(_CHUNK, length), offset)
-            if not data:
-                break
-            digest.update(data)
-            offset += len(data)
-            length -= len(data)
-    return digest.hexdigest()
+def _sha256_at(fd: int, offset: int, length: int) -> str:
+    # pread, not mmap: a file truncated under a mapping kills the reader with SIGBUS, and the
+    # watcher must outlive exactly that kind of tampering.
+    return hashlib.sha256(os.pread(fd, max(0, length), offset)).hexdigest()
+
+
+def check_tree(entry: BatchEntry, tree: bytes | None) -> str | None:
+    """Why a batch's stored tree cannot give proofs of its anchored root (None: it can): every
+    level is rebuilt from the stored leaves and compared, the root against the anchor."""
+    if tree is None:
+        return "the stored tree cannot be read"
+    try:
+        levels = split_levels(tree, entry.count)
+    except PromptLogError as exc:
+        return f"the stored tree is cut or grown: {exc}"
+    if build_levels(levels[0]) != levels:
+        return "the stored tree was edited: its levels do not hash to each other"
+    if levels[-1][0].hex() != entry.root:
+        return "the stored tree was rebuilt over other leaves: it leads to another root"
+    return None
+
+
+def _leaf_of(line: bytes) -> int | None:
+    try:
+        return int(json.loads(line)["i"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _batch_of(line: bytes) -> int:
+    try:
+        return int(json.loads(line)["b"])
+    except (ValueError, KeyError, TypeError):
+        return -1
 
 
 class PromptLog:
     """Append, trace and verify the prompt log of `directory`, anchored in Redis."""
 
     def __init__(
-        self, client: redis.Redis, directory: Path, prefix: str = "redline", fsync: bool = True
+        self,
+        client: redis.Redis,
+        directory: Path,
+        prefix: str = "redline",
+        fsync: bool = True,
+        segment_bytes: int = 16 << 20,
     ) -> None:
         self.client = client
         self.directory = directory
         self.keys = PromptLogKeys.for_prefix(prefix)
         self.fsync = fsync
-        self.segment = directory / "records.seg"
-        self.tree_file = directory / "tree.bin"
+        self.segment_bytes = segment_bytes
         self.roots_file = directory / "roots.jsonl"
         self._script = client.register_script(_APPEND_LUA)
         self._mirrored: int | None = None
+
+    # files ---------------------------------------------------------------------------------
+
+    def segment_path(self, segment: int) -> Path:
+        """The records file of `segment`."""
+        return self.directory / f"records-{segment:06d}.seg"
+
+    def tree_path(self, segment: int) -> Path:
+        """The Merkle trees file of `segment`."""
+        return self.directory / f"tree-{segment:06d}.bin"
+
+    def segment_files(self) -> dict[int, Path]:
+        """The records files on disk, by segment number."""
+        found: dict[int, Path] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for path in self.directory.iterdir():
+                match = _SEGMENT_FILE.match(path.name)
+                if match:
+                    found[int(match.group(1))] = path
+        return dict(sorted(found.items()))
 
     # appends ------------------------------------------------------------------------------
 
@@ -751,16 +858,35 @@ class PromptLog:
         raw = self.client.lindex(self.keys.roots, batch)
         return None if raw is None else BatchEntry.parse(_text(raw))
 
+    def anchored(self) -> tuple[list[str], Head | None]:
+        """Every anchored entry line in Redis and the head (None when there is none), read at
+        one instant."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.lrange(self.keys.roots, 0, -1)
+            pipe.get(self.keys.head)
+            raw_lines, raw_head = pipe.execute()
+        return [_text(x) for x in raw_lines], Head.parse(_text(raw_head)) if raw_head else None
+
     def append(self, records: Sequence[PromptRecord]) -> BatchEntry:
         """Write `records` as one batch, anchor its root, mirror it; its entry."""
         with self._locked():
             head = self.head()
             last = self.entry(head.count - 1) if head.count else None
-            records_at = last.records_end if last else 0
-            tree_at = last.tree_end if last else 0
-            built = build_batch(records, head.count, head.chain, records_at, tree_at)
-            self._write_at(self.segment, records_at, built.records)
-            self._write_at(self.tree_file, tree_at, built.tree)
+            if last is None:
+                segment, records_at, tree_at = 0, 0, 0
+            elif last.records_end >= self.segment_bytes:
+                # The current segment is full: it is closed for good, the batch opens the next.
+                self._cut(self.segment_path(last.segment), last.records_end)
+                self._cut(self.tree_path(last.segment), last.tree_end)
+                segment, records_at, tree_at = last.segment + 1, 0, 0
+            else:
+                segment, records_at, tree_at = last.segment, last.records_end, last.tree_end
+            for stale in (self.segment_path(segment + 1), self.tree_path(segment + 1)):
+                if stale.exists():
+                    self._cut(stale, 0)
+            built = build_batch(records, head.count, head.chain, records_at, tree_at, segment)
+            self._write_at(self.segment_path(segment), records_at, built.records)
+            self._write_at(self.tree_path(segment), tree_at, built.tree)
             sessions = list(built.index)
             reply = self._script(
                 keys=[self.keys.roots, self.keys.head, *(self.keys.session(s) for s in sessions)],
@@ -778,9 +904,18 @@ class PromptLog:
             self._mirror()
             return built.entry
 
-    def _write_at(self, path: Path, offset: int, data: bytes) -> None:
+    def _cut(self, path: Path, offset: int) -> None:
         # Bytes past the last anchored batch belong to an append that never anchored: they were
-        # never part of the log, so they are cut before this batch takes their place.
+        # never part of the log, so they are cut before a batch takes their place.
+        with contextlib.suppress(FileNotFoundError), path.open("r+b") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size > offset:
+                log.warning(
+                    "%s: dropping %d unanchored bytes of an interrupted append", path, size - offset
+                )
+                handle.truncate(offset)
+
+    def _write_at(self, path: Path, offset: int, data: bytes) -> None:
         with path.open("ab+") as handle:
             size = handle.seek(0, os.SEEK_END)
             if size < offset:
@@ -827,15 +962,16 @@ class PromptLog:
         for item in raw:
             b, leaf, offset, length = (int(x) for x in _text(item).split(":"))
             located.append((b, leaf, offset, length))
+        if not located:
+            return Trace(session)
         batches = sorted({b for b, *_ in located})
         with self.client.pipeline(transaction=False) as pipe:
             for b in batches:
                 pipe.lindex(self.keys.roots, b)
             anchored = dict(zip(batches, pipe.execute(), strict=True))
         out: list[TracedRecord] = []
-        if not located:
-            return Trace(session)
-        with self.segment.open("rb") as seg, self.tree_file.open("rb") as tree_handle:
+        with contextlib.ExitStack() as stack:
+            files: dict[int, tuple[BinaryIO, BinaryIO] | OSError] = {}
             for b, leaf, offset, length in located:
                 text = anchored.get(b)
                 if text is None:
@@ -844,6 +980,20 @@ class PromptLog:
                     )
                     continue
                 entry = BatchEntry.parse(_text(text))
+                if entry.segment not in files:
+                    try:
+                        files[entry.segment] = (
+                            stack.enter_context(self.segment_path(entry.segment).open("rb")),
+                            stack.enter_context(self.tree_path(entry.segment).open("rb")),
+                        )
+                    except OSError as exc:
+                        files[entry.segment] = exc
+                opened = files[entry.segment]
+                if isinstance(opened, OSError):
+                    problem = f"segment {entry.segment} cannot be read: {opened.strerror}"
+                    out.append(TracedRecord(b, leaf, {}, [], entry.root, False, problem))
+                    continue
+                seg, tree_handle = opened
                 out.append(self._traced(entry, leaf, _read_range(seg, offset, length), tree_handle))
         return Trace(session, out)
 
@@ -855,20 +1005,12 @@ class PromptLog:
         tree_handle: BinaryIO,
     ) -> TracedRecord:
         b = entry.batch
-        try:
-            record = json.loads(raw)
-            if not isinstance(record, dict) or set(record) != RECORD_FIELDS:
-                raise ValueError("not a prompt record")
-        except ValueError:
-            record = None
+        record = parse_record(raw)
         if record is None or (record["b"], record["i"]) != (b, leaf):
             return TracedRecord(b, leaf, {}, [], entry.root, False, SHIFTED)
         proof = stored_proof(tree_handle, entry, leaf)
         problem = ""
-        if (
-            content_hash(record["request"], record["prompt"], record["answer"])
-            != record["content_hash"]
-        ):
+        if record_content_hash(record) != record["content_hash"]:
             problem = "content does not match its hash: edited"
         else:
             node = leaf_hash(str(record["ts"]), str(record["session"]), str(record["content_hash"]))
@@ -881,13 +1023,12 @@ class PromptLog:
     def scan(self, session: str) -> list[dict[str, Any]]:
         """The session's records by reading every record (what a log without an index does)."""
         found: list[dict[str, Any]] = []
-        if not self.segment.exists():
-            return found
-        with self.segment.open("rb") as handle:
-            for line in handle:
-                record = json.loads(line)
-                if record.get("session") == session:
-                    found.append(record)
+        for path in self.segment_files().values():
+            with path.open("rb") as handle:
+                for line in handle:
+                    record = json.loads(line)
+                    if record.get("session") == session:
+                        found.append(record)
         return found
 
     # verification --------------------------------------------------------------------------
@@ -896,24 +1037,17 @@ class PromptLog:
         """Check both copies of the chain, that they agree, and every batch's sealed bytes;
         diagnose the batches that changed. `deep`: recompute every Merkle root too."""
         started = time.perf_counter()
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.lrange(self.keys.roots, 0, -1)
-            pipe.get(self.keys.head)
-            raw_lines, raw_head = pipe.execute()
-        head = Head.parse(_text(raw_head)) if raw_head else None
-        redis_entries, problems = check_chain(
-            [_text(x) for x in raw_lines], head or EMPTY_HEAD, "redis"
-        )
+        raw_lines, head = self.anchored()
+        redis_entries, problems = check_chain(raw_lines, head or EMPTY_HEAD, "redis")
         file_entries, file_problems = check_chain(
             _read_lines(self.roots_file), None, str(self.roots_file.name)
         )
         problems += file_problems
         if not problems:
             problems += compare_copies(redis_entries, file_entries, self.roots_file.name)
-        anchor = redis_entries
-        problems += self._check_records(anchor, deep, threads)
-        records = sum(e.count for e in anchor)
-        return VerifyReport(problems, len(anchor), records, time.perf_counter() - started)
+        problems += self.check_segments(redis_entries, None, deep, threads)
+        records = sum(e.count for e in redis_entries)
+        return VerifyReport(problems, len(redis_entries), records, time.perf_counter() - started)
 
     def verify_batch(self, batch: int) -> VerifyReport:
         """The targeted check: one batch's anchored entry, its sealed bytes, its records."""
@@ -926,93 +1060,230 @@ class PromptLog:
         problems: list[Problem] = []
         if entry.chain != entry.expected_chain():
             problems.append(Problem("redis", "entry does not match its chain hash: edited", batch))
-        data = self._segment_range(entry.records_offset, entry.records_length)
+        try:
+            data = self._segment_range(entry.segment, entry.records_offset, entry.records_length)
+        except FileNotFoundError:
+            name = self.segment_path(entry.segment).name
+            problems.append(Problem("records", f"{name} is missing: deleted", batch))
+            return VerifyReport(problems, 1, entry.count, time.perf_counter() - started)
         if hashlib.sha256(data).hexdigest() != entry.records_digest:
-            problems += diagnose_batch(entry, data.splitlines(), self._tree(entry)) or [
-                Problem(
-                    "records",
-                    RESEALED,
-                    batch,
-                )
+            problems += diagnose_batch(entry, data.splitlines(), self.stored_tree(entry)) or [
+                Problem("records", RESEALED, batch)
             ]
         return VerifyReport(problems, 1, entry.count, time.perf_counter() - started)
 
-    def _segment_range(self, offset: int, length: int) -> bytes:
-        with self.segment.open("rb") as handle:
+    def sealed(self, entry: BatchEntry) -> bool:
+        """True when the batch's bytes are where its entry says and match their seal."""
+        try:
+            data = self._segment_range(entry.segment, entry.records_offset, entry.records_length)
+        except OSError:
+            return False
+        return hashlib.sha256(data).hexdigest() == entry.records_digest
+
+    def _segment_range(self, segment: int, offset: int, length: int) -> bytes:
+        with self.segment_path(segment).open("rb") as handle:
             return _read_range(handle, offset, length)
 
-    def _tree(self, entry: BatchEntry) -> bytes | None:
+    def stored_tree(self, entry: BatchEntry) -> bytes | None:
+        """The bytes of a batch's stored tree (None when they cannot be read)."""
         try:
-            with self.tree_file.open("rb") as handle:
+            with self.tree_path(entry.segment).open("rb") as handle:
                 return _read_range(handle, entry.tree_offset, entry.tree_end - entry.tree_offset)
         except OSError:
             return None
 
-    def _check_records(
-        self, entries: Sequence[BatchEntry], deep: bool, threads: int
+    def check_trees(self, entries: Sequence[BatchEntry]) -> list[Problem]:
+        """Check the stored trees of `entries` against their anchored roots (the records are
+        not read: `trace` relies on these trees for its proofs)."""
+        problems = []
+        for entry in entries:
+            reason = check_tree(entry, self.stored_tree(entry))
+            if reason is not None:
+                problems.append(Problem("tree", reason, entry.batch))
+        return problems
+
+    def check_segments(
+        self,
+        entries: Sequence[BatchEntry],
+        segments: Iterable[int] | None = None,
+        deep: bool = False,
+        threads: int = 2,
+        unanchored: bool = True,
     ) -> list[Problem]:
+        """Check the sealed bytes of every batch of `segments` (None: all) against the anchored
+        `entries` (the whole chain, trusted) and the files' sizes; diagnose the batches that
+        changed. `deep`: diagnose every batch (recompute its root) even when its bytes are
+        intact. `unanchored`: report bytes past the last anchored batch (the watcher, which
+        sees appends in flight, judges those itself)."""
         if not entries:
-            return []
-        try:
-            size = self.segment.stat().st_size
-        except FileNotFoundError:
-            size = 0
+            wanted = None if segments is None else set(segments)
+            return self._unanchored(None, wanted, 0) if unanchored else []
+        groups: dict[int, list[BatchEntry]] = {}
+        for entry in entries:
+            groups.setdefault(entry.segment, []).append(entry)
+        asked = None if segments is None else set(segments)
+        wanted = set(groups) if asked is None else asked & set(groups)
         problems: list[Problem] = []
-        end = entries[-1].records_end
+        fds: dict[int, int] = {}
+        last = entries[-1]
+        try:
+            for segment in sorted(wanted):
+                path = self.segment_path(segment)
+                group = groups[segment]
+                try:
+                    fds[segment] = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    problems.append(
+                        Problem(
+                            "records",
+                            f"{path.name} is missing: the {sum(e.count for e in group)} records "
+                            f"of batches {group[0].batch}..{group[-1].batch} were deleted",
+                            group[0].batch,
+                        )
+                    )
+            jobs = [(fds[s], e) for s in sorted(fds) for e in groups[s]]
+            with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+                # hashlib and pread release the GIL: the seals are checked in parallel.
+                digests = list(
+                    pool.map(
+                        lambda job: _sha256_at(
+                            job[0], job[1].records_offset, job[1].records_length
+                        ),
+                        jobs,
+                        chunksize=max(1, len(jobs) // (8 * max(1, threads))),
+                    )
+                )
+            bad = {
+                e.batch for (_, e), d in zip(jobs, digests, strict=True) if d != e.records_digest
+            }
+            for segment, fd in fds.items():
+                problems += self._check_segment(
+                    segment, fd, groups[segment], bad, last, deep, unanchored
+                )
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        if unanchored:
+            problems += self._unanchored(last, asked, len(entries))
+        return problems
+
+    def _unanchored(
+        self, last: BatchEntry | None, segments: set[int] | None, count: int
+    ) -> list[Problem]:
+        """Records files past the last anchored segment that hold bytes (an append in progress,
+        one interrupted, or bytes written outside the log)."""
+        after = -1 if last is None else last.segment
+        stray = {
+            n: path
+            for n, path in self.segment_files().items()
+            if n > after and (segments is None or n in segments)
+        }
+        found = [(path, path.stat().st_size) for path in stray.values() if path.exists()]
+        found = [(path, size) for path, size in found if size]
+        if found and self.head().count != count:
+            return []  # an append anchored since the entries were read: those bytes are its
+        return [
+            Problem(
+                "records",
+                f"{path.name} holds {size} bytes that no anchored batch names: an interrupted "
+                "append, or records written outside the log",
+            )
+            for path, size in found
+        ]
+
+    def _check_segment(
+        self,
+        segment: int,
+        fd: int,
+        group: Sequence[BatchEntry],
+        bad: set[int],
+        last: BatchEntry,
+        deep: bool,
+        unanchored: bool,
+    ) -> list[Problem]:
+        """Size and diagnosis of one records file whose batches' seals were checked (`bad`:
+        the batches whose bytes differ from their seal)."""
+        name = self.segment_path(segment).name
+        problems: list[Problem] = []
+        size = os.fstat(fd).st_size
+        end = group[-1].records_end
+        trailing = size > end and last.segment == segment and not (bad & {e.batch for e in group})
+        if trailing and (not unanchored or self.head().count != last.batch + 1):
+            size = end  # the bytes of an append in flight, or anchored since the entries were read
         if size != end:
             problems.append(
                 Problem(
                     "records",
-                    f"{self.segment.name} holds {size} bytes, the anchored batches {end}: "
-                    "records were " + ("removed" if size < end else "appended outside the log"),
+                    f"{name} holds {size} bytes, the anchored batches {end}: "
+                    + (
+                        "records were removed or shortened"
+                        if size < end
+                        else "unanchored bytes at its end (an interrupted append, or records "
+                        "written outside the log)"
+                        if trailing
+                        else "bytes were inserted or records lengthened"
+                    ),
                 )
             )
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-            # hashlib releases the GIL on large buffers: the seals are checked in parallel.
-            digests = list(
-                pool.map(
-                    lambda e: _digest_range(self.segment, e.records_offset, e.records_length),
-                    entries,
-                )
-            )
-        bad = [e.batch for e, d in zip(entries, digests, strict=True) if d != e.records_digest]
-        first = bad[0] if bad else (0 if deep else None)
-        if first is None:
+        mine = [e for e in group if e.batch in bad]
+        if not mine and not deep:
             return problems
-        # From the first changed batch on, records are grouped by the batch they name: a removed
-        # or inserted line shifts every later batch's bytes without touching its records.
-        # Lines are read up to the first one of a batch after the last changed batch.
-        last_bad = bad[-1] if bad and not deep else entries[-1].batch
+        delta = size - end
+        if mine and not deep:
+            first = mine[0]
+            # One edit that changed the length of `first` moves every later batch of the file by
+            # `delta` bytes: their seals hold where they moved to, so only `first` is parsed.
+            moved = all(
+                _sha256_at(fd, e.records_offset + delta, e.records_length) == e.records_digest
+                for e in mine[1:]
+            )
+            if moved and (delta == 0 or len(mine) == len(group) - group.index(first)):
+                data = os.pread(fd, max(0, first.records_length + delta), first.records_offset)
+                found = diagnose_batch(first, data.splitlines(), self.stored_tree(first))
+                return problems + (found or [Problem("records", RESEALED, first.batch)])
+        start = mine[0] if mine and not deep else group[0]
+        last_bad = mine[-1].batch if mine and not deep else group[-1].batch
+        # The general case: from the first changed batch on, records are grouped by the batch
+        # they name (a removed or inserted line shifts later batches' bytes, not their records),
+        # up to the first line of a batch after the last changed one.
         grouped: dict[int, list[bytes]] = {}
-        for line in _lines_from(self.segment, entries[first].records_offset):
-            try:
-                b = int(json.loads(line)["b"])
-            except (ValueError, KeyError, TypeError):
-                b = -1
-            if b > last_bad and b <= entries[-1].batch:
+        highest = -1
+        for line in _lines_from(self.segment_path(segment), start.records_offset):
+            b = _batch_of(line)
+            if last_bad < b <= group[-1].batch:
                 break
             grouped.setdefault(b, []).append(line)
+            if 0 <= b < highest:
+                # Records are grouped by the batch they name, so a record moved into another
+                # batch's bytes would look intact: its place in the file gives it away.
+                leaf = _leaf_of(line)
+                problems.append(
+                    Problem("records", f"found after records of batch {highest}: moved", b, leaf)
+                )
+            highest = max(highest, b)
         for stray in grouped.pop(-1, []):
-            problems.append(Problem("records", f"a line that is not a record: {stray[:60]!r}"))
-        for b in sorted(set(grouped) - {e.batch for e in entries[first:]}):
             problems.append(
-                Problem("records", "records of a batch that was never anchored: inserted", b)
+                Problem("records", f"a line of {name} that is not a record: {stray[:60]!r}")
             )
-        shifted = False
-        for entry in entries[first : last_bad + 1]:
+        here = {e.batch for e in group}
+        for b in sorted(set(grouped) - here):
+            reason = (
+                f"records of batch {b}, anchored in another segment, found in {name}: moved"
+                if 0 <= b <= last.batch
+                else "records of a batch that was never anchored: inserted"
+            )
+            problems.append(Problem("records", reason, b))
+        shifted = any("moved" in p.reason for p in problems)
+        for entry in group:
+            if entry.batch < start.batch or entry.batch > last_bad:
+                continue
             if entry.batch not in bad and not deep:
                 continue  # its sealed bytes are intact where the anchor says
-            found = diagnose_batch(entry, grouped.get(entry.batch, []), self._tree(entry))
+            found = diagnose_batch(entry, grouped.get(entry.batch, []), self.stored_tree(entry))
             problems += found
             shifted = shifted or bool(found)
             if not found and entry.batch in bad and not shifted:
-                problems.append(
-                    Problem(
-                        "records",
-                        RESEALED,
-                        entry.batch,
-                    )
-                )
+                problems.append(Problem("records", RESEALED, entry.batch))
         return problems
 
 
@@ -1039,7 +1310,9 @@ def _text(value: Any) -> str:
 def open_prompt_log(settings: PromptLogSettings, redis_url: str) -> PromptLog:
     """The log `settings` describe, anchored in `settings.redis_url` or else `redis_url`."""
     client = open_redis(settings.redis_url or redis_url, socket_timeout=5.0)
-    return PromptLog(client, settings.directory, settings.key_prefix, settings.fsync)
+    return PromptLog(
+        client, settings.directory, settings.key_prefix, settings.fsync, settings.segment_bytes
+    )
 
 
 # --- capture at the gateway -------------------------------------------------------------------
@@ -1093,6 +1366,20 @@ def answer_text(body: bytes | None) -> str | None:
     return "\n".join(parts)
 
 
+def streamed_text(parts: Sequence[bytes]) -> str:
+    """The answer of a streamed response from the raw JSON string bodies of its content deltas,
+    as the gateway's stream tally keeps them (n > 1 choices come interleaved)."""
+    try:
+        # Whole escapes only ever sit inside one part, so the parts join into one JSON string.
+        return str(json.loads(b'"' + b"".join(parts) + b'"'))
+    except ValueError:
+        out = []
+        for raw in parts:
+            with contextlib.suppress(ValueError):
+                out.append(str(json.loads(b'"' + raw + b'"')))
+        return "".join(out)
+
+
 def session_of(
     headers: Iterable[tuple[str, str]], payload: Mapping[str, Any] | None, request_id: str
 ) -> str:
@@ -1113,13 +1400,15 @@ def build_record(
     answer: str | None,
     redactor: Redactor,
     store: Literal["text", "hashes"],
+    truncated: bool = False,
 ) -> PromptRecord:
-    """The record logged for one request: redacted text, or the hashes of the redacted text."""
+    """The record logged for one request: redacted text, or the hashes of the redacted text;
+    `truncated` when the answer is what a stream had sent before it was cut short."""
     texts = [None if t is None else redactor.redact(t).text for t in (prompt, answer)]
     if store == "hashes":
         texts = [None if t is None else "sha256:" + sha256_hex(t) for t in texts]
     stamp = datetime.fromtimestamp(ts, UTC).isoformat(timespec="microseconds")
-    return PromptRecord(stamp, session, request_id, texts[0], texts[1])
+    return PromptRecord(stamp, session, request_id, texts[0], texts[1], truncated)
 
 
 _STOP = object()
@@ -1145,10 +1434,15 @@ class PromptLogWriter:
         headers: Sequence[tuple[str, str]],
         payload: Mapping[str, Any] | None,
         body: bytes | None,
+        streamed: Sequence[bytes] | None = None,
+        truncated: bool = False,
     ) -> None:
-        """Queue one answered request (the request path's only cost)."""
+        """Queue one answered request (the request path's only cost): a response's `body`, or
+        for a stream the raw content deltas it sent (`streamed`), `truncated` when it was cut
+        short. Decoding, redaction and hashing happen on the writer's thread."""
         try:
-            self.queue.put_nowait((time.time(), request_id, headers, payload, body))
+            item = (time.time(), request_id, headers, payload, body, streamed, truncated)
+            self.queue.put_nowait(item)
         except queue.Full:
             self.dropped += 1
 
@@ -1195,11 +1489,12 @@ class PromptLogWriter:
                     request_id,
                     session_of(headers, payload, request_id),
                     prompt_text(payload),
-                    answer_text(body),
+                    answer_text(body) if streamed is None else streamed_text(streamed),
                     self.redactor,
                     self.settings.store,
+                    truncated,
                 )
-                for ts, request_id, headers, payload, body in items
+                for ts, request_id, headers, payload, body, streamed, truncated in items
             ]
             self.log.append(records)
             self.written += len(records)

@@ -41,11 +41,11 @@ def plog(redis_url: str, tmp_path: Path) -> PromptLog:
 
 
 def seg_lines(log: PromptLog) -> list[bytes]:
-    return log.segment.read_bytes().splitlines(keepends=True)
+    return log.segment_path(0).read_bytes().splitlines(keepends=True)
 
 
 def write_lines(log: PromptLog, lines: list[bytes]) -> None:
-    log.segment.write_bytes(b"".join(lines))
+    log.segment_path(0).write_bytes(b"".join(lines))
 
 
 def test_intact_log_verifies_and_traces(plog: PromptLog) -> None:
@@ -150,9 +150,54 @@ def test_deleted_last_batch_root(plog: PromptLog) -> None:
 
 
 def test_interrupted_append_is_cut_and_appends_continue(plog: PromptLog) -> None:
-    with plog.segment.open("ab") as handle:
+    with plog.segment_path(0).open("ab") as handle:
         handle.write(b'{"half":')
     assert not plog.verify().ok  # unanchored bytes are reported...
     plog.append(make_records(4, 3))  # ...and cut by the next append
     assert plog.verify(deep=True).ok
     assert len(plog.trace("s0").records) == 4 * 3 + 1
+
+
+def test_segments_roll_and_each_is_checked_on_its_own(redis_url: str, tmp_path: Path) -> None:
+    log = PromptLog(redis.Redis.from_url(redis_url), tmp_path / "seg", "g", False, 3000)
+    for b in range(7):
+        log.append(make_records(b))
+    segments = [cast(BatchEntry, log.entry(b)).segment for b in range(7)]
+    assert segments == [0, 0, 1, 1, 2, 2, 3] and list(log.segment_files()) == [0, 1, 2, 3]
+    assert log.verify(deep=True).ok
+    trace = log.trace("s0")
+    assert trace.ok and {r.batch for r in trace.records} == set(range(7))
+    assert [r["request"] for r in log.scan("s0")] == [r.record["request"] for r in trace.records]
+
+    # A record of batch 2 (the first of segment 1) deleted: batch 3 moved up intact.
+    path = log.segment_path(1)
+    lines = path.read_bytes().splitlines(keepends=True)
+    del lines[4]
+    path.write_bytes(b"".join(lines))
+    problems = log.verify().problems
+    assert [(p.batch, p.leaf) for p in problems if p.batch is not None] == [(2, 4)]
+    assert any("records-000001.seg holds" in p.reason and "removed" in p.reason for p in problems)
+    entries = [cast(BatchEntry, log.entry(b)) for b in range(7)]
+    assert log.check_segments(entries, {0, 2, 3}) == []  # the other segments, checked alone
+    assert [p.leaf for p in log.check_segments(entries, {1})] == [None, 4]
+
+    log.segment_path(2).unlink()
+    problems = log.check_segments(entries, {2})
+    assert len(problems) == 1 and "records-000002.seg is missing" in problems[0].reason
+    assert not log.verify_batch(4).ok and log.verify_batch(6).ok
+    assert [r.ok for r in log.trace("s0").records if r.batch in (4, 5)] == [False] * 6
+    assert log.check_trees(entries) == []
+
+
+def test_records_moved_between_batches_or_duplicated(plog: PromptLog) -> None:
+    original = seg_lines(plog)
+    lines = list(original)
+    lines[7], lines[8] = lines[8], lines[7]  # batch 0's last record and batch 1's first
+    write_lines(plog, lines)
+    problems = [p.render() for p in plog.verify().problems]
+    assert problems == ["records batch 0 leaf 7: found after records of batch 1: moved"]
+
+    write_lines(plog, [*original[:10], original[9], *original[10:]])  # batch 1, leaf 1 twice
+    problems = [p.render() for p in plog.verify().problems]
+    assert "records batch 1 leaf 1: found 2 times: duplicated" in problems
+    assert any("bytes were inserted" in p for p in problems)

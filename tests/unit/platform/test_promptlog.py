@@ -11,21 +11,27 @@ from redline.platform.promptlog import (
     GENESIS,
     BatchEntry,
     Head,
+    PromptLogError,
     PromptRecord,
     answer_text,
     build_batch,
     build_levels,
     build_record,
     check_chain,
+    check_tree,
     compare_copies,
     content_hash,
     diagnose_batch,
     inclusion_proof,
     leaf_hash,
     node_hash,
+    parse_record,
     prompt_text,
+    record_content_hash,
+    record_line,
     session_of,
     split_levels,
+    streamed_text,
     verify_proof,
 )
 from redline.platform.redaction import build_redactor
@@ -163,3 +169,64 @@ def test_capture_helpers() -> None:
     hashed = build_record(0.0, "r1", "u-7", "x", None, build_redactor(), "hashes")
     assert hashed.prompt is not None and hashed.prompt.startswith("sha256:")
     assert hashed.answer is None
+
+
+def test_a_truncated_answer_is_marked_and_the_mark_is_hashed() -> None:
+    whole = PromptRecord("t", "s", "r1", "p", "partial answer")
+    cut = PromptRecord("t", "s", "r1", "p", "partial answer", truncated=True)
+    line, digest = record_line(0, 0, cut)
+    record = parse_record(line)
+    assert record is not None and record["truncated"] is True
+    assert record_content_hash(record) == record["content_hash"] == digest
+    assert "truncated" not in json.loads(record_line(0, 0, whole)[0])
+    assert digest != record_line(0, 0, whole)[1]
+    # The mark removed (or set false) no longer matches the content hash, or is not a record.
+    unmarked = {k: v for k, v in record.items() if k != "truncated"}
+    assert record_content_hash(unmarked) != record["content_hash"]
+    assert parse_record(json.dumps(record | {"truncated": False})) is None
+    assert parse_record(json.dumps(record | {"extra": 1})) is None
+    assert parse_record(b"[1, 2]") is None and parse_record(b"{nope") is None
+
+    built = build_batch([whole, cut], 0, GENESIS, 0, 0)
+    lines = built.records.splitlines()
+    assert diagnose_batch(built.entry, lines, built.tree) == []
+    stripped = json.loads(lines[1])
+    del stripped["truncated"]
+    found = diagnose_batch(built.entry, [lines[0], json.dumps(stripped).encode()], built.tree)
+    assert [(p.leaf, "edited" in p.reason) for p in found] == [(1, True)]
+
+
+def test_streamed_text_joins_the_deltas_raw_json_strings() -> None:
+    assert streamed_text([b"Hello", b" w\\u00f6rld", b' \\"q\\"', b"\\n"]) == 'Hello wörld "q"\n'
+    # A surrogate pair split over two deltas joins up; an undecodable part is skipped alone.
+    assert streamed_text([b"\\ud83d", b"\\ude00!"]) == "\U0001f600!"
+    assert streamed_text([b"ok", b"\\x", b" then"]) == "ok then"
+    assert streamed_text([]) == ""
+    record = build_record(
+        0.0, "r", "s", "p", streamed_text([b"mail a@b.io"]), build_redactor(), "text", True
+    )
+    assert record.answer == "mail [REDACTED:email]" and record.truncated
+
+
+def test_check_tree() -> None:
+    built = build_batch(records(5), 0, GENESIS, 0, 0)
+    assert check_tree(built.entry, built.tree) is None
+    assert "cannot be read" in str(check_tree(built.entry, None))
+    assert "cut" in str(check_tree(built.entry, built.tree[:-32]))
+    edited = bytearray(built.tree)
+    edited[5 * 32 + 3] ^= 1  # a node of the second level
+    assert "do not hash" in str(check_tree(built.entry, bytes(edited)))
+    other = build_batch(records(5, "s9"), 0, GENESIS, 0, 0)  # consistent, other leaves
+    assert "another root" in str(check_tree(built.entry, other.tree))
+
+
+def test_entries_name_their_segment() -> None:
+    built = build_batch(records(2), 7, GENESIS, 0, 0, segment=3)
+    assert built.entry.segment == 3 and '"segment":3' in built.entry.render()
+    assert BatchEntry.parse(built.entry.render()) == built.entry
+    moved = json.loads(built.entry.render()) | {"segment": 4}
+    assert BatchEntry.parse(json.dumps(moved)).expected_chain() != built.entry.chain
+    # Numbers locate bytes: a forged entry cannot pass a string, a bool or a negative for one.
+    for field, value in (("segment", "4"), ("count", True), ("records_offset", -1), ("root", 1)):
+        with pytest.raises(PromptLogError, match="wrong type"):
+            BatchEntry.parse(json.dumps(moved | {field: value}))
