@@ -69,7 +69,7 @@ class SessionCrdtProbe:
         settle_seconds: float = 2.0,
         max_sessions: int = 2000,
         timeout_seconds: float = 2.0,
-        name: str = "session_crdt",
+        name: str = catalog.PROBE_SESSION_CRDT,
     ) -> None:
         if len(regions) < 2:
             raise ValueError("session_crdt: `regions` needs two or more region -> Redis URL")

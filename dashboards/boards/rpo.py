@@ -1,4 +1,5 @@
-"""The *RPO* dashboard: LoRA checkpoint age, session CDC lag and the index delta log (its
+"""The *RPO* dashboard: LoRA checkpoint age, session CDC lag, the CRDT session sync between
+regions (lag per direction, divergent sessions, time to converge) and the index delta log (its
 backlog per replica, and the entries and memory it holds per collection)."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from __future__ import annotations
 from grafanalib.core import Dashboard
 
 from redline.dashboards.panels import (
+    ANY_EVENT,
     DashboardDef,
     PanelDef,
     Query,
@@ -28,6 +30,73 @@ HELD_DESCRIPTION = (
     "good but still registered (redline index forget-target), or none registered at all "
     "(nothing is trimmed). `redline index status` shows the registry and the trim point."
 )
+DIVERGENT_DESCRIPTION = (
+    "CRDT sessions changed recently (but not within the probe's settle time, the normal sync "
+    "delay) whose state digests differ between the regions. Above zero for long: the sync is "
+    "cut, behind or failing (SessionCrdtDivergence); no data: the session_crdt probe is off or "
+    "failing (SessionCrdtSignalsAbsent)."
+)
+CONVERGENCE_DESCRIPTION = (
+    "Length of the last divergence, from the first probe run that saw divergent CRDT sessions "
+    "to the first that saw none again: how long the regions took to converge after a partition "
+    "healed (0 before any divergence)."
+)
+
+
+def _crdt_section(spec: Spec) -> Section:
+    """Session state kept as a CRDT in every region: sync lag per direction against the RPO,
+    divergent sessions and the time the regions took to converge."""
+    lag = catalog.SESSION_CRDT_SYNC_LAG_SECONDS
+    divergent = catalog.SESSION_CRDT_DIVERGENT_SESSIONS
+    convergence = catalog.SESSION_CRDT_CONVERGENCE_SECONDS
+    divergence = alert_runbook(spec, "SessionCrdtDivergence")
+    direction = "{{source_region}} → {{target_region}}"
+    return Section(
+        "Session state (CRDT sync between regions)",
+        (
+            *_pair(
+                alert_runbook(spec, "SessionCrdtRPOBreach"),
+                "CRDT sync lag: oldest delta not merged",
+                spec.rpo.session_crdt,
+                Query(f"max({lag})", "worst direction"),
+                Query(f"max by (source_region, target_region) ({lag})", direction),
+            ),
+            PanelDef(
+                "stat",
+                "Divergent sessions",
+                (Query(f"max({divergent})", "divergent"),),
+                divergence,
+                "short",
+                bad_above(ANY_EVENT),
+                description=DIVERGENT_DESCRIPTION,
+            ),
+            PanelDef(
+                "timeseries",
+                "Divergent sessions",
+                (Query(f"max({divergent})", "divergent"),),
+                divergence,
+                "short",
+                bad_above(ANY_EVENT),
+                description=DIVERGENT_DESCRIPTION,
+            ),
+            PanelDef(
+                "stat",
+                "Time to converge (last divergence)",
+                (Query(f"max({convergence})", "last convergence"),),
+                divergence,
+                "s",
+                description=CONVERGENCE_DESCRIPTION,
+            ),
+            PanelDef(
+                "timeseries",
+                "Time to converge (last divergence)",
+                (Query(f"max({convergence})", "last convergence"),),
+                divergence,
+                "s",
+                description=CONVERGENCE_DESCRIPTION,
+            ),
+        ),
+    )
 
 
 def _pair(
@@ -80,6 +149,7 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
                 Query(f"max by (stream, group) ({cdc_lag})", "{{stream}} / {{group}}"),
             ),
         ),
+        _crdt_section(spec),
         Section(
             "Vector index delta log",
             (
@@ -149,8 +219,9 @@ def build_rpo_definition(spec: Spec) -> DashboardDef:
         title="RPO",
         description=(
             "Recovery-point objectives of the spec: how much adapter training, session state and "
-            "index writes a failure right now would lose; and how much the index delta log "
-            "holds (it stays bounded while every replica's checkpoint moves)."
+            "index writes a failure right now would lose; whether the regions' CRDT sessions "
+            "agree and how long they took to converge; and how much the index delta log holds "
+            "(it stays bounded while every replica's checkpoint moves)."
         ),
         sections=sections,
         annotations=alert_and_remediation_annotations("RPO alerts", 'rpo!=""', "red"),

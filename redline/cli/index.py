@@ -5,6 +5,12 @@ long-running replicator process (it also trims the log); `replay`, `freeze`, `un
 `resume`, `status`, `trim`, `forget-target` and `write-demo` are one-shot commands for playbooks,
 drills and operators. A collection the write path cannot use stops a command at start-up, with
 the collection and the field named (exit 2).
+
+Two writing regions (docs/index.md): each region runs `write-demo --origin R` (or its own
+writer) and `replicate --origin R --from OTHER`, which applies the other region's delta log to
+R's copy — the wiring `Replicator(DeltaLog(..., origin=OTHER), <R's copy>)`. R's copy is the
+primary settings' collection (`--primary-uri`, `--primary-collection`), named after R; both
+regions' logs, the heads and the conflict map live in the one Redis (`--redis-url`).
 """
 
 from __future__ import annotations
@@ -16,19 +22,20 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import redis
 import typer
 from pymilvus import MilvusException
 
-from redline.cli.common import err, fail, out
+from redline.cli.common import err, fail, out, require_redis
 from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, load_settings, read_secret
 from redline.platform.index import (
+    ConflictMap,
     DeltaLog,
     DeltaLogError,
     IndexConfig,
@@ -45,6 +52,8 @@ from redline.platform.index import (
     trim_delta_log,
     unfreeze_writes,
 )
+from redline.slo.load import SpecError, load_spec
+from redline.slo.spec import RedisDurability
 
 index_app = typer.Typer(
     name="index",
@@ -63,6 +72,11 @@ class _Index:
     log: DeltaLog
     primary: MilvusTarget
     replica: MilvusTarget
+    origin: str | None = None
+    """Two writing regions: this process's region; `log` is its own log (writers, trim) or the
+    other region's (`replicate`), and `primary` and `replica` are both the region's copy."""
+    source: str | None = None
+    """Two writing regions: the region whose log `replicate` applies."""
 
 
 ConfigOpt = Annotated[
@@ -114,31 +128,100 @@ TokenFileOpt = Annotated[
     Path | None,
     typer.Option("--milvus-token-file", help="File holding the Milvus token.", show_default=False),
 ]
+OriginOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--origin",
+        help="Two writing regions: the region this process works for (its log, its copy: the "
+        "primary collection, named after the region).",
+        show_default=False,
+    ),
+]
+FromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--from",
+        help="Two writing regions: the other region, whose delta log is applied to the "
+        "--origin region's copy.",
+        show_default=False,
+    ),
+]
+RegionsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--regions",
+        help="Two writing regions: every region of the collection, comma-separated (checks "
+        "--origin and --from).",
+        show_default=False,
+    ),
+]
+HeadsRetentionOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--heads-retention-seconds",
+        help="Two writing regions: the conflict window, and how long per-id heads are kept "
+        "(default: --retention-seconds).",
+        show_default=False,
+    ),
+]
+TwoRegions = Literal["write", "replicate"]
+"""What a two-region process does: write (its own log) or replicate (the other's log)."""
+
+
+def _regions(value: str | None) -> tuple[str, ...] | None:
+    """The `--regions` list, or None when not given."""
+    if value is None:
+        return None
+    return tuple(r.strip() for r in value.split(",") if r.strip())
 
 
 @contextmanager
 def _open(
-    config: Path | None, token_file: Path | None = None, redis_only: bool = False, **overrides: Any
+    config: Path | None,
+    token_file: Path | None = None,
+    redis_only: bool = False,
+    two_regions: TwoRegions | None = None,
+    **overrides: Any,
 ) -> Iterator[_Index]:
     try:
         settings = load_settings(IndexSettings, config, **overrides)
+        regions = (
+            settings.two_regions(two_regions == "replicate") if two_regions is not None else None
+        )
         token = read_secret(token_file, settings.milvus_token, "milvus token")
         index = settings.collection_config(token.get_secret_value() if token else "")
+        # An acknowledged write must survive the Redis primary's death when the spec says so.
+        durability = load_spec(settings.spec).spec.redis
     except (SettingsError, DeltaLogError) as exc:
         raise fail(str(exc), 2) from None
+    except SpecError as exc:
+        raise fail("\n".join(exc.problems), 2) from None
+    if regions is not None:
+        log_origin = regions[1] if two_regions == "replicate" and regions[1] else regions[0]
+        with _open_regions(settings, index, regions[0], regions[1], log_origin, durability) as ix:
+            yield ix
+        return
     if index.replication == "external" and not redis_only:
         raise fail(
             f"{index.collection} is replicated by something else (replication: external): "
             "redline's write path, replicator and replay do not apply to it",
             2,
         )
+    # A Sentinel URL no sentinel answers, an unknown master: exit 2 naming the setting.
+    require_redis(settings.redis_url)
     client = open_redis(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
     t = settings.milvus_timeout_seconds
     primary = MilvusTarget(index.primary, index.dim, t, index.metric_type)
     replica = MilvusTarget(index.replica, index.dim, t, index.metric_type)
     try:
-        yield _Index(settings, index, client, DeltaLog(client, index.collection, index.dim),
-                     primary, replica)  # fmt: skip
+        deltalog = DeltaLog(
+            client,
+            index.collection,
+            index.dim,
+            min_replicas_ack=durability.min_replicas_ack,
+            ack_timeout_ms=durability.ack_timeout_ms,
+        )
+        yield _Index(settings, index, client, deltalog, primary, replica)
     except IndexSchemaError as exc:
         raise fail(f"{type(exc).__name__}: {exc}", 2) from None
     except (redis.RedisError, MilvusException, VectorIndexError, DeltaLogError) as exc:
@@ -146,6 +229,50 @@ def _open(
     finally:
         primary.close()
         replica.close()
+        client.close()
+
+
+@contextmanager
+def _open_regions(
+    settings: IndexSettings,
+    index: IndexConfig,
+    origin: str,
+    source: str | None,
+    log_origin: str,
+    durability: RedisDurability,
+) -> Iterator[_Index]:
+    """The index of a two-region process: the log of `log_origin` (its own, or the region it
+    replicates from) and `origin`'s copy — the primary settings' collection, named `origin`."""
+    if index.replication == "external":
+        raise fail(f"{index.collection} is replicated by something else (replication: external)")
+    client = open_redis(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+    copy = MilvusTarget(
+        replace(index.primary, name=origin), index.dim, settings.milvus_timeout_seconds,
+        index.metric_type,
+    )  # fmt: skip
+    try:
+        deltalog = DeltaLog(
+            client,
+            index.collection,
+            index.dim,
+            origin=log_origin,
+            min_replicas_ack=durability.min_replicas_ack,
+            ack_timeout_ms=durability.ack_timeout_ms,
+        )
+        conflicts = ConflictMap(
+            client, index.collection, settings.id_salt, settings.conflict_window_seconds()
+        )
+        try:
+            conflicts.agree()  # before anything resolves: a mismatch would make copies diverge
+        except DeltaLogError as exc:
+            raise fail(str(exc), 2) from None
+        yield _Index(settings, index, client, deltalog, copy, copy, origin, source)
+    except IndexSchemaError as exc:
+        raise fail(f"{type(exc).__name__}: {exc}", 2) from None
+    except (redis.RedisError, MilvusException, VectorIndexError, DeltaLogError) as exc:
+        raise fail(f"{type(exc).__name__}: {exc}", 1) from None
+    finally:
+        copy.close()
         client.close()
 
 
@@ -179,19 +306,37 @@ def replicate(
         bool, typer.Option("--no-trim", help="Do not trim the delta log from this process.")
     ] = False,
     milvus_token_file: TokenFileOpt = None,
+    origin: OriginOpt = None,
+    source: FromOpt = None,
+    regions: RegionsOpt = None,
+    heads_retention: HeadsRetentionOpt = None,
 ) -> None:
-    """Run the replicator: apply the delta log to the replica (and trim it) until SIGTERM/SIGINT."""
+    """Run the replicator: apply the delta log to the replica (and trim it) until SIGTERM/SIGINT.
+    With --origin R --from OTHER: apply OTHER's log to R's copy (two writing regions)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     overrides = _common(
         redis_url=redis_url, collection=collection, dim=dim, primary_uri=primary_uri,
         replica_uri=replica_uri, primary_collection=primary_collection,
         replica_collection=replica_collection, replica_name=replica_name,
         batch_size=batch_size, lease_ttl_seconds=lease_ttl, retention_seconds=retention,
+        origin=origin, replicate_from=source, regions=_regions(regions),
+        heads_retention_seconds=heads_retention,
     )  # fmt: skip
-    with _open(config, milvus_token_file, **overrides) as ix:
+    with _open(config, milvus_token_file, two_regions="replicate", **overrides) as ix:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        if ix.origin is not None:
+            given = [f for f, v in (("--replica-uri", replica_uri),
+                                    ("--replica-collection", replica_collection),
+                                    ("--replica-name", replica_name)) if v is not None]  # fmt: skip
+            if given:
+                raise fail(
+                    f"{', '.join(given)} do not apply with --origin: the copy replicated into is "
+                    f"{ix.origin}'s, --primary-uri/--primary-collection (named {ix.origin})"
+                )
+            _replicate_regions(ix, stop, no_trim)
+            return
         _ensure(ix.replica, like=ix.primary)
         _check_same_rows(ix)
         ix.log.register_target(ix.replica.name)
@@ -211,6 +356,33 @@ def replicate(
             markup=False,
         )
         replicator.run(stop)
+
+
+def _replicate_regions(ix: _Index, stop: threading.Event, no_trim: bool) -> None:
+    """Apply the other region's log to this region's copy until `stop` (two writing regions)."""
+    settings = ix.settings
+    _ensure(ix.replica)
+    ix.log.register_target(ix.replica.name)
+    replicator = Replicator(
+        ix.log,
+        ix.replica,
+        batch_size=settings.batch_size,
+        poll_interval_seconds=settings.poll_interval_seconds,
+        lease_ttl_seconds=settings.lease_ttl_seconds,
+        retention_seconds=None if no_trim else settings.retention_seconds,
+        trim_interval_seconds=settings.trim_interval_seconds,
+        trim_chunk=settings.trim_chunk,
+        salt=settings.id_salt,
+        conflict_window_seconds=settings.conflict_window_seconds(),
+    )
+    if ix.log.info().length == 0:
+        err.print(f"no writes from {ix.source} yet: waiting for its log", markup=False)
+    err.print(
+        f"replicating {ix.config.collection}: log of {ix.source} -> copy of {ix.origin} "
+        f"({ix.replica.spec.uri}, collection {ix.replica.collection})",
+        markup=False,
+    )
+    replicator.run(stop)
 
 
 def _ensure(target: MilvusTarget, attempts: int = 60, like: MilvusTarget | None = None) -> None:
@@ -392,15 +564,35 @@ def trim(
     pause_seconds: Annotated[
         float, typer.Option("--pause-seconds", help="Pause between two XTRIM calls.")
     ] = 0.0,
+    origin: Annotated[
+        str | None,
+        typer.Option(
+            "--origin",
+            help="Two writing regions: trim this region's log, and prune the settled heads of "
+            "the copies it is applied to.",
+            show_default=False,
+        ),
+    ] = None,
+    heads_retention: HeadsRetentionOpt = None,
 ) -> None:
-    """Trim the delta log at what every registered copy allows, prune tombstones (JSON report)."""
+    """Trim the delta log at what every registered copy allows, prune tombstones (JSON report);
+    with --origin, one region's log and its copies' settled conflict heads."""
     overrides = _common(
-        redis_url=redis_url, collection=collection, retention_seconds=retention, trim_chunk=chunk
-    )
-    with _open(config, None, redis_only=True, **overrides) as ix:
+        redis_url=redis_url, collection=collection, retention_seconds=retention, trim_chunk=chunk,
+        origin=origin, heads_retention_seconds=heads_retention,
+    )  # fmt: skip
+    with _open(config, None, redis_only=True, two_regions="write", **overrides) as ix:
+        settings = ix.settings
+        conflicts = (
+            ConflictMap(ix.redis, ix.config.collection, settings.id_salt,
+                        settings.conflict_window_seconds())
+            if ix.origin is not None
+            else None
+        )  # fmt: skip
         report = trim_delta_log(
-            ix.log, ix.settings.retention_seconds, ix.settings.trim_chunk, pause_seconds
-        )
+            ix.log, settings.retention_seconds, settings.trim_chunk, pause_seconds,
+            conflicts=conflicts,
+        )  # fmt: skip
         out.print(json.dumps(report.summary()), markup=False)
 
 
@@ -437,15 +629,32 @@ def write_demo(
     primary_collection: PrimaryCollOpt = None,
     region: RegionOpt = None,
     milvus_token_file: TokenFileOpt = None,
+    origin: OriginOpt = None,
+    regions: RegionsOpt = None,
+    heads_retention: HeadsRetentionOpt = None,
 ) -> None:
-    """Write random vectors through the writer (demo load, drills); prints counts as JSON."""
+    """Write random vectors through the writer (demo load, drills); prints counts as JSON.
+    With --origin R: as region R of two writing regions (R's log, R's copy)."""
     overrides = _common(
         redis_url=redis_url, collection=collection, dim=dim, primary_uri=primary_uri,
-        primary_collection=primary_collection, region=region,
+        primary_collection=primary_collection, region=region, origin=origin,
+        regions=_regions(regions), heads_retention_seconds=heads_retention,
     )  # fmt: skip
-    with _open(config, milvus_token_file, **overrides) as ix:
+    with _open(config, milvus_token_file, two_regions="write", **overrides) as ix:
+        if ix.origin is not None and region is not None and region != ix.origin:
+            raise fail(
+                f"--region {region} and --origin {ix.origin} differ: a region's writer writes "
+                "its own log as its own region (leave --region out)"
+            )
         _ensure(ix.primary)
-        writer = IndexWriter(ix.log, ix.primary, ix.config.region)
+        if ix.origin is not None:
+            writer = IndexWriter(
+                ix.log, ix.primary, ix.origin, ids=ix.settings.id_generator(),
+                salt=ix.settings.id_salt,
+                conflict_window_seconds=ix.settings.conflict_window_seconds(),
+            )  # fmt: skip
+        else:
+            writer = IndexWriter(ix.log, ix.primary, ix.config.region)
         rng = np.random.default_rng(seed)
         started = time.monotonic()
         written = applied = 0

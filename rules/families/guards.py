@@ -1,5 +1,6 @@
 """Guards that turn silence into a page: an absent SLI series (dead exporter), a stale probe,
-and a remediation audit trail that no longer verifies; and the promtool cases that prove them."""
+the CRDT session series gone while their probe runs, and a remediation audit trail that no
+longer verifies; and the promtool cases that prove them."""
 
 from __future__ import annotations
 
@@ -39,6 +40,23 @@ def guarded_series(spec: Spec) -> tuple[tuple[str, str], ...]:
     )
 
 
+CRDT_SERIES = (
+    catalog.SESSION_CRDT_SYNC_LAG_SECONDS,
+    catalog.SESSION_CRDT_DIVERGENT_SESSIONS,
+    catalog.SESSION_CRDT_CONVERGENCE_SECONDS,
+)
+"""The CRDT session probe's series: the sync RPO and divergence alerts read them."""
+
+
+def crdt_guard_expr() -> str:
+    """Some CRDT session series is absent while the CRDT probe is deployed (its probe health
+    series exists). A failed or hung run drops its gauges, so stale values show up as absent
+    ones; a deployment without CRDT sync (no such probe) stays silent, unlike `SLIAbsent`."""
+    absent = " or ".join(f"absent({metric})" for metric in CRDT_SERIES)
+    probe = series(catalog.REDLINE_PROBE_SUCCESS, {catalog.LABEL_PROBE: catalog.PROBE_SESSION_CRDT})
+    return f"({absent}) and on() count({probe})"
+
+
 def build_rules(spec: Spec) -> list[RuleGroup]:
     """Absent and stale guards: a dead exporter or a stuck probe pages instead of going silent."""
     timing = spec.timing
@@ -70,6 +88,19 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
             f"{number(timing.probe_stale_after_seconds)} s): the values it publishes are stale.",
         )
     )
+    rules.append(
+        alert_rule(
+            spec,
+            "SessionCrdtSignalsAbsent",
+            crdt_guard_expr(),
+            timing.absent_for_seconds,
+            "page",
+            "The CRDT session probe runs but publishes no sync lag or divergence",
+            f"For {format_duration(timing.absent_for_seconds)} the session_crdt probe has been "
+            "failing (a region's session Redis unreachable, a hung run): the CRDT sync RPO and "
+            "divergence between the regions are not watched. Check the exporter's /healthz.",
+        )
+    )
     # No playbook: a trail that no longer verifies is for people (the receiver records only).
     rules.append(
         alert_rule(
@@ -96,7 +127,37 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     stale_after = spec.timing.probe_stale_after_seconds
     eval_at = minutes * 60
     last_success = catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS
+    crdt_probe = series(catalog.REDLINE_PROBE_SUCCESS, {"probe": catalog.PROBE_SESSION_CRDT})
+    lag = series(
+        catalog.SESSION_CRDT_SYNC_LAG_SECONDS, {"source_region": "eu", "target_region": "us"}
+    )
+    crdt_present = {series(metric): constant(0, minutes) for metric in CRDT_SERIES[1:]}
+    crdt_alert = [expected(alerts.get("SessionCrdtSignalsAbsent"), {}, 1)]
     return [
+        Case(
+            "CRDT guard: the probe runs and fails (its gauges dropped) pages",
+            {crdt_probe: constant(0, minutes)},
+            eval_at,
+            [("SessionCrdtSignalsAbsent", crdt_alert)],
+        ),
+        Case(
+            "CRDT guard: one CRDT series missing while the others are there pages",
+            {crdt_probe: constant(1, minutes), **crdt_present},
+            eval_at,
+            [("SessionCrdtSignalsAbsent", crdt_alert)],
+        ),
+        Case(
+            "CRDT guard: every CRDT series present is silent",
+            {crdt_probe: constant(1, minutes), lag: constant(0, minutes), **crdt_present},
+            eval_at,
+            [("SessionCrdtSignalsAbsent", [])],
+        ),
+        Case(
+            "CRDT guard: no CRDT probe deployed (one region) is silent",
+            every_sli,
+            eval_at,
+            [("SessionCrdtSignalsAbsent", [])],
+        ),
         Case(
             "absent guard: no SLI series at all pages for each",
             {},

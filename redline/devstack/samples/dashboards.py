@@ -11,6 +11,7 @@ from them. Deterministic: the same spec and time range give the same text.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -114,6 +115,9 @@ class Scenario:
     stale_index: Window = Window(0.60, 0.66)
     write_freeze: Window = Window(0.62, 0.68)
     cdc_lag: Window = Window(0.20, 0.23)
+    crdt_partition: Window = Window(0.45, 0.48)
+    """The CRDT session sync between the regions is cut: lag grows, sessions diverge; after the
+    heal they converge (the convergence gauge then holds the partition's length)."""
     stuck_checkpoint: Window = Window(0.30, 0.38)
     drift_rising_from: float = 0.70
     eviction_at: float = 0.50
@@ -483,6 +487,10 @@ def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only t
         fire("RedLineIndexStaleness", collection=COLLECTION, replica=DRIFT_REPLICA)
     if scenario.cdc_lag.holds(share):
         fire("SessionRPOBreach", stream=STREAM, group=GROUP)
+    if scenario.crdt_partition.holds(share):
+        for source, target in itertools.permutations(spec.regions[:2], 2):
+            fire("SessionCrdtRPOBreach", source_region=source, target_region=target)
+        fire("SessionCrdtDivergence")
     if scenario.stuck_checkpoint.holds(share):
         fire("LoRACheckpointRPOBreach", adapter=ADAPTERS[0])
     if scenario.regression_alerting(share):
@@ -581,6 +589,8 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
     was_on = [False] * len(incidents)
     job_started: dict[str, float] = {}  # playbook -> creation time of its unfinished job
     held = 0.0  # delta-log entries kept for the retention window (level once trimming runs)
+    diverged_since: float | None = None
+    convergence = 0.0  # the last divergence's length, as the session_crdt probe reports it
     steps = int((end - start) // step) + 1
     quota_errors: dict[str, list[float]] = {}
     for index in range(steps):
@@ -660,6 +670,18 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         gauge(catalog.SESSION_CDC_RPO_SECONDS.name, {"stream": STREAM, "group": GROUP}, now, lag)
         gauge(catalog.SESSION_CONTEXT_TTL_SECONDS.name, {}, now, 1800.0)
         gauge(catalog.SESSION_KEEPALIVE_PROBE_SUCCESS.name, {}, now, 1.0)
+        # CRDT sessions: a partition cuts the sync both ways; the regions converge at the heal.
+        cut = scenario.crdt_partition.holds(share)
+        if cut and diverged_since is None:
+            diverged_since = now
+        elif not cut and diverged_since is not None:
+            convergence, diverged_since = now - diverged_since, None
+        for source, target in itertools.permutations(spec.regions[:2], 2):
+            crdt_lag = now - diverged_since if diverged_since is not None else 0.2
+            directed = {"source_region": source, "target_region": target}
+            gauge(catalog.SESSION_CRDT_SYNC_LAG_SECONDS.name, directed, now, crdt_lag)
+        gauge(catalog.SESSION_CRDT_DIVERGENT_SESSIONS.name, {}, now, 6.0 if cut else 0.0)
+        gauge(catalog.SESSION_CRDT_CONVERGENCE_SECONDS.name, {}, now, convergence)
         evicted = 1.0 if abs(share - scenario.eviction_at) < step / (end - start) / 2 else 0.0
         count(catalog.SESSION_CONTEXT_EVICTED_TOTAL.family, {}, now, evicted)
         # Drift creeping up past the calibrated threshold.

@@ -52,6 +52,7 @@ from redline.platform.index.entries import (
     vector_checksum,
 )
 from redline.platform.index.errors import (
+    AppendNotAcknowledgedError,
     DeltaLogError,
     IndexSchemaError,
     LeaseBusyError,
@@ -123,6 +124,7 @@ __all__ = [
     "Bookkeeping",
     "DeltaApplier",
     "DeltaLog",
+    "AppendNotAcknowledgedError",
     "DeltaLogError",
     "Entry",
     "FieldSpec",

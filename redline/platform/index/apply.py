@@ -99,12 +99,13 @@ class DeltaApplier:
         replay: bool = False,
         trust_high_water: bool = True,
         salt: str = DEFAULT_SALT,
+        conflict_window_seconds: float | None = None,
     ) -> None:
         self.log = deltalog
         self.target = target
         # A log of one of two writing regions goes through the copy's heads (`conflicts`).
         self.conflicts = (
-            ConflictMap(deltalog.redis, deltalog.collection, salt)
+            ConflictMap(deltalog.redis, deltalog.collection, salt, conflict_window_seconds)
             if deltalog.origin is not None
             else None
         )
@@ -114,6 +115,7 @@ class DeltaApplier:
         # complete; the primary also takes direct writes, so its catch-up always reads versions.
         self.trust_high_water = trust_high_water
         self.token = new_token()
+        self._agreed = False
 
     def apply_batch(
         self,
@@ -189,6 +191,9 @@ class DeltaApplier:
     ) -> BatchResult:
         """A batch of a multi-region log: through the copy's heads, conflicts re-mapped."""
         assert self.conflicts is not None
+        if not self._agreed:
+            self.conflicts.agree()
+            self._agreed = True
         plan, moved = apply_heads(
             self.conflicts, self.target, entries, f"replicator:{self.target.name}"
         )

@@ -12,6 +12,30 @@ loser's version and checksum. Both copies converge on the same rows whatever the
 the writes arrived, because the outcome depends on the heads only. An upsert losing to a delete
 is last-writer-wins (no re-map, no conflict): there is no second content to keep.
 
+**The conflict window.** Two writes of an id are concurrent only if neither region could have
+seen the other's: with a window W (`window_ms`, the replication window: at least the longest
+replication lag plus the clock skew between writers), writes more than W apart (ts_ms) are
+sequential — the later simply wins, as an overwrite by the application — and only writes at most
+W apart can be a conflict. Without a window (None) every pair of heads counts, however far apart:
+an overwrite from the other region, days later, is re-mapped too. The window must be the same in
+every region (like the salt): the rows a copy holds are a pure function of its heads and both.
+
+**Pruning heads.** Heads grow with the ids ever written; `prune_settled` (run by the log's trim,
+see `retention`) drops the heads no future entry can be compared with any more. Every entry a
+copy may still apply — pending, replayed, or written from now on — carries a ts_ms at or after
+`T` = min(now, the ts_ms of the first entry each region's log still holds) minus the clock skew:
+replays only re-apply what a log holds, and the trim keeps everything after the slowest copy's
+checkpoint. A head with ts_ms < `T - W` is *settled*: any later entry is more than W after it, so
+it wins over it and cannot conflict with it. Dropping settled heads changes no future outcome when
+(1) a settled head that lost is dropped only if it is not a conflict with the winner (a delete
+always qualifies; without a window nothing else does, since any later upsert could conflict with
+it), and (2) an id's heads are dropped all together only when all are settled and none is a
+conflict (no re-mapped row exists), so the copy's rows are just the winner's row under the id;
+the next write of the id, finding no heads, rewrites or deletes that row itself (`build_row_plan`
+deletes the id of a delete that finds no heads). An id with a conflict keeps the heads its
+re-mapped rows derive from (a later write more than W after them removes those rows and makes
+them prunable).
+
 Every conflict is recorded once in the conflict map (a Redis hash; field `id|checksum|checksum`,
 the two checksums sorted, so both regions and every detection point write the same field; HSETNX
 keeps the first record) and counted per resolution (`vectordb_id_conflicts_total`). Detection
@@ -24,7 +48,9 @@ Redis keys (all hash-tagged `{collection}`, so a Redis Cluster keeps them in one
 - `redline:index:{<collection>}:target:<copy>:heads` id -> JSON {region: [stream id, ts_ms, op,
   checksum]}; `:target:<copy>:lease`, shared by the copy's writer and its replicator;
 - `redline:index:{<collection>}:recent:<region>` id -> "ts_ms|op|checksum|stream id": what a
-  region's writer last wrote (set atomically with the append).
+  region's writer last wrote (set atomically with the append);
+- `redline:index:{<collection>}:conflicts:settings` `window_ms` and `salt` (a digest): recorded
+  by the first writer, applier or trim, checked by every later one (`ConflictMap.agree`).
 """
 
 from __future__ import annotations
@@ -38,7 +64,7 @@ from typing import Any, Literal, cast
 
 import redis
 
-from redline.platform.index.deltalog import shared_prefix
+from redline.platform.index.deltalog import regions_key, shared_prefix
 from redline.platform.index.entries import Entry, Op, Vector, parse_stream_id, row_checksum
 from redline.platform.index.errors import DeltaLogError
 from redline.platform.index.milvus import MilvusTarget
@@ -119,10 +145,14 @@ class Conflict:
         }
 
 
-def build_conflict(original: str, a: Head, b: Head, salt: str, pk_type: str) -> Conflict | None:
-    """The conflict between two regions' heads of one id, or None (same content, a delete, or
-    the same region)."""
+def build_conflict(
+    original: str, a: Head, b: Head, salt: str, pk_type: str, window_ms: int | None = None
+) -> Conflict | None:
+    """The conflict between two regions' heads of one id, or None (same content, a delete, the
+    same region, or writes more than `window_ms` apart: sequential, the later wins)."""
     if a.region == b.region or a.op != "upsert" or b.op != "upsert" or a.checksum == b.checksum:
+        return None
+    if window_ms is not None and abs(a.ts_ms - b.ts_ms) > window_ms:
         return None
     winner, loser = (a, b) if a.key() > b.key() else (b, a)
     return Conflict(original, winner, loser, remap_id(original, loser.region, salt, pk_type))
@@ -139,7 +169,13 @@ class Desired:
     conflicts: tuple[Conflict, ...] = ()
 
 
-def build_desired(original: str, heads: Mapping[str, Head], salt: str, pk_type: str) -> Desired:
+def build_desired(
+    original: str,
+    heads: Mapping[str, Head],
+    salt: str,
+    pk_type: str,
+    window_ms: int | None = None,
+) -> Desired:
     """The rows an id's heads call for (pure; identical in every region)."""
     if not heads:
         return Desired(None, {})
@@ -147,10 +183,38 @@ def build_desired(original: str, heads: Mapping[str, Head], salt: str, pk_type: 
     conflicts = tuple(
         c
         for h in heads.values()
-        if (c := build_conflict(original, winner, h, salt, pk_type)) is not None
+        if (c := build_conflict(original, winner, h, salt, pk_type, window_ms)) is not None
     )
     remaps = {c.remapped_id: c.loser for c in conflicts}
     return Desired(winner if winner.op == "upsert" else None, remaps, conflicts)
+
+
+def prune_settled(heads: Heads, settled_before_ms: int, window_ms: int | None) -> Heads:
+    """The heads an id keeps once no entry with ts_ms < `settled_before_ms` + `window_ms` can
+    still be applied (see the module's *Pruning heads*): the same heads when nothing can go, {}
+    when the id's heads can all go. Pure; the rows the result calls for are the rows `heads` call
+    for, and stay so whatever entries are folded in later."""
+    settled = {r for r, h in heads.items() if h.ts_ms < settled_before_ms}
+    if not settled:
+        return heads
+    winner = max(heads.values(), key=Head.key)
+
+    def conflicts(head: Head) -> bool:
+        # salt and key type only shape the re-mapped id, not whether there is a conflict
+        return build_conflict("", winner, head, DEFAULT_SALT, "varchar", window_ms) is not None
+
+    if len(settled) == len(heads) and not any(conflicts(h) for h in heads.values()):
+        if window_ms is not None or all(h.op == "delete" for h in heads.values()):
+            return {}
+
+    def droppable(head: Head) -> bool:
+        if head.region not in settled or head == winner or conflicts(head):
+            return False
+        # without a window a losing upsert can still conflict with a later write of the winner
+        return head.op == "delete" or window_ms is not None
+
+    kept = {r: h for r, h in heads.items() if not droppable(h)}
+    return kept if len(kept) < len(heads) else heads
 
 
 def fold_heads(entries: Iterable[Entry], heads: Mapping[str, Heads]) -> dict[str, Heads]:
@@ -183,14 +247,17 @@ def build_row_plan(
     contents: Mapping[str, tuple[Vector, bytes]],
     salt: str,
     pk_type: str,
+    window_ms: int | None = None,
 ) -> RowPlan:
     """The upserts and deletes for the changed ids: rows whose desired content or version moved
     are (re)written from `contents` (checksum -> vector, payload), rows no longer desired are
-    deleted. DeltaLogError when a content is not in `contents` (see `contents_needed`)."""
+    deleted; an id without old heads (never applied, or pruned) whose winner is a delete is
+    deleted whatever the copy holds under it. DeltaLogError when a content is not in
+    `contents` (see `rows_to_read`)."""
     plan = RowPlan()
     for original, heads in changed.items():
-        before = build_desired(original, old.get(original, {}), salt, pk_type)
-        after = build_desired(original, heads, salt, pk_type)
+        before = build_desired(original, old.get(original, {}), salt, pk_type, window_ms)
+        after = build_desired(original, heads, salt, pk_type, window_ms)
         plan.conflicts.extend(after.conflicts)
         wanted: dict[str, Head] = dict(after.remaps)
         if after.winner is not None:
@@ -213,17 +280,24 @@ def build_row_plan(
                       vector, payload)
             )  # fmt: skip
         plan.deletes.extend(row_id for row_id in had if row_id not in wanted)
+        if not old.get(original) and original not in wanted:
+            # pruned heads leave the winner's row behind them; deleting an absent row is a no-op
+            plan.deletes.append(original)
     return plan
 
 
 def rows_to_read(
-    changed: Mapping[str, Heads], old: Mapping[str, Heads], salt: str, pk_type: str
+    changed: Mapping[str, Heads],
+    old: Mapping[str, Heads],
+    salt: str,
+    pk_type: str,
+    window_ms: int | None = None,
 ) -> list[str]:
     """The ids (originals and their re-mapped ids) whose rows may hold a content the new state
     needs: everything the old state desired for the changed ids."""
     ids: list[str] = []
     for original in changed:
-        before = build_desired(original, old.get(original, {}), salt, pk_type)
+        before = build_desired(original, old.get(original, {}), salt, pk_type, window_ms)
         if before.winner is not None:
             ids.append(original)
         ids.extend(before.remaps)
@@ -245,18 +319,88 @@ end
 return n
 """
 
+# KEYS: a hash. ARGV: per field: field, the value read, the value to keep ('' = delete). Each
+# field changes only if it still holds the value read: a head or recent write stored since is
+# newer and stays.
+_PRUNE = """
+local n = 0
+for i = 1, #ARGV, 3 do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == ARGV[i + 1] then
+    if ARGV[i + 2] == '' then
+      redis.call('HDEL', KEYS[1], ARGV[i])
+    else
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
+    end
+    n = n + 1
+  end
+end
+return n
+"""
+
+CLOCK_SKEW_MS = 60_000
+"""How far apart the clocks of two writers (and Redis) may be: an entry's ts_ms may be this much
+below the first entry its log holds, and below now. Settled heads are older by this much more."""
+
+
+@dataclass(frozen=True)
+class HeadsPruneReport:
+    """One pruning pass over a copy's heads: fields read, ids dropped, ids that kept fewer."""
+
+    target: str
+    settled_before_ms: int
+    scanned: int
+    dropped: int
+    reduced: int
+
 
 class ConflictMap:
-    """A collection's conflict map, per-copy heads and per-region recent-writes cache in Redis."""
+    """A collection's conflict map, per-copy heads and per-region recent-writes cache in Redis.
+    `window_seconds` is the conflict window (None: unbounded); `salt` and it must be the same at
+    every detection point of the collection, in every region."""
 
-    def __init__(self, client: redis.Redis, collection: str, salt: str = DEFAULT_SALT) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        collection: str,
+        salt: str = DEFAULT_SALT,
+        window_seconds: float | None = None,
+    ) -> None:
         self.redis = client
         self.collection = collection
         self.salt = salt
+        self.window_ms = None if window_seconds is None else int(window_seconds * 1000)
         self.prefix = shared_prefix(collection)
         self.map_key = f"{self.prefix}:conflicts"
         self.count_key = f"{self.prefix}:conflicts:count"
+        self.settings_key = f"{self.prefix}:conflicts:settings"
         self._record = client.register_script(_RECORD)
+        self._prune = client.register_script(_PRUNE)
+
+    def agree(self) -> None:
+        """Record the collection's conflict window and salt if nobody did, else check that they
+        are this map's: two detection points resolving with different ones would make the copies
+        diverge. DeltaLogError naming both values when they differ."""
+        mine = {
+            "window_ms": "none" if self.window_ms is None else str(self.window_ms),
+            "salt": hashlib.sha256(self.salt.encode()).hexdigest()[:16],
+        }
+        pipe = self.redis.pipeline(transaction=False)
+        for name, value in mine.items():
+            pipe.hsetnx(self.settings_key, name, value)
+        pipe.hgetall(self.settings_key)
+        held = {_text(k): _text(v) for k, v in cast(dict[bytes, bytes], pipe.execute()[-1]).items()}
+        if held.get("window_ms") != mine["window_ms"]:
+            raise DeltaLogError(
+                f"{self.collection}: the conflict window is {_window_text(held.get('window_ms'))} "
+                f"(recorded in Redis by the first writer or replicator), this process has "
+                f"{_window_text(mine['window_ms'])}: use the same heads_retention_seconds in every "
+                "region and process"
+            )
+        if held.get("salt") != mine["salt"]:
+            raise DeltaLogError(
+                f"{self.collection}: this process's id_salt differs from the one recorded in Redis "
+                "by the first writer or replicator: use the same id_salt in every region"
+            )
 
     def heads_key(self, target: str) -> str:
         """Hash id -> heads of a copy."""
@@ -346,11 +490,88 @@ class ConflictMap:
         return found
 
     def regions(self) -> list[str]:
-        """Regions whose writers recorded recent writes."""
-        prefix = f"{self.prefix}:recent:"
-        return sorted(
-            k.decode().removeprefix(prefix) for k in self.redis.scan_iter(match=f"{prefix}*")
-        )
+        """Regions that write the collection (each append adds its region to the set)."""
+        members = cast(set[bytes], self.redis.smembers(regions_key(self.collection)))
+        return sorted(_text(m) for m in members)
+
+    # pruning -------------------------------------------------------------------------------
+
+    def log_regions(self) -> list[str]:
+        """Regions that have a delta log of the collection: those that wrote it (a region's
+        log is created by its writer's first append, which also adds it to the set)."""
+        return self.regions()
+
+    def oldest_applicable_ms(self, regions: Iterable[str], now_ms: int) -> int:
+        """The lowest ts_ms an entry a copy applies from now on may carry: the first entry each
+        region's log holds (replays re-apply no older one), and now for writes to come, less
+        the clock skew between writers."""
+        oldest = now_ms
+        for region in regions:
+            first = self.redis.xrange(f"{self.prefix}:{region}:log", "-", "+", count=1)
+            if first:
+                fields = cast(dict[bytes, bytes], first[0][1])
+                oldest = min(oldest, int(fields.get(b"ts_ms", b"0") or 0))
+        return oldest - CLOCK_SKEW_MS
+
+    def settled_before_ms(self, now_ms: int | None = None) -> int:
+        """Heads with a ts_ms below this are settled (no entry still to apply is within the
+        window of them): the oldest applicable ts_ms, less the window."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        return self.oldest_applicable_ms(self.log_regions(), now_ms) - (self.window_ms or 0)
+
+    def prune_heads(
+        self, target: str, settled_before_ms: int, count: int = 1000
+    ) -> HeadsPruneReport:
+        """Drop the copy's settled heads (`prune_settled`): HSCAN in chunks, each field changed
+        only if it still holds what was read, so a write or replicator storing a newer head in
+        between keeps it. No lease needed: a removed head and the rows it called for agree."""
+        key = self.heads_key(target)
+        cursor, scanned, dropped, reduced = 0, 0, 0, 0
+        while True:
+            cursor, chunk = cast(
+                tuple[int, dict[bytes, bytes]], self.redis.hscan(key, cursor, count=count)
+            )
+            args: list[bytes | str] = []
+            for name, raw in chunk.items():
+                scanned += 1
+                heads = _parse_heads(raw)
+                kept = prune_settled(heads, settled_before_ms, self.window_ms)
+                if kept is heads:
+                    continue
+                args += [name, raw, _format_heads(kept) if kept else ""]
+                if kept:
+                    reduced += 1
+                else:
+                    dropped += 1
+            if args:
+                self._prune(keys=[key], args=args)
+            if cursor == 0:
+                return HeadsPruneReport(target, settled_before_ms, scanned, dropped, reduced)
+
+    def prune_recent(self, region: str, settled_before_ms: int, count: int = 1000) -> int:
+        """Forget the region writer's recent writes older than `settled_before_ms`: their
+        entries are behind every log's first entry, so every copy applied them (and recorded
+        their conflicts) or they are out of any later write's window. Returns how many went."""
+        key = self.recent_key(region)
+        cursor, pruned = 0, 0
+        while True:
+            cursor, chunk = cast(
+                tuple[int, dict[bytes, bytes]], self.redis.hscan(key, cursor, count=count)
+            )
+            args: list[bytes | str] = []
+            for name, raw in chunk.items():
+                if int(_text(raw).split("|", 1)[0]) < settled_before_ms:
+                    args += [name, raw, ""]
+            if args:
+                pruned += int(self._prune(keys=[key], args=args))
+            if cursor == 0:
+                return pruned
+
+
+def _window_text(value: str | None) -> str:
+    if value is None or value == "none":
+        return "unbounded"
+    return f"{int(value) / 1000:g} s"
 
 
 def _format_heads(heads: Heads) -> str:
@@ -382,8 +603,9 @@ def apply_heads(
     if not changed:
         return RowPlan(), 0
     pk_type = target.schema().pk_type
+    window = conflicts.window_ms
     contents: dict[str, tuple[Vector, bytes]] = {}
-    read = rows_to_read(changed, old, conflicts.salt, pk_type)
+    read = rows_to_read(changed, old, conflicts.salt, pk_type, window)
     if read:
         for row in target.fetch(read, with_vectors=True).values():
             if row.vector is not None:
@@ -391,7 +613,7 @@ def apply_heads(
     for entry in entries:
         if entry.op == "upsert" and entry.vector is not None:
             contents[entry.checksum] = (entry.vector, entry.payload)
-    plan = build_row_plan(changed, old, contents, conflicts.salt, pk_type)
+    plan = build_row_plan(changed, old, contents, conflicts.salt, pk_type, window)
     originals = set(changed)
     target.upsert([e for e in plan.upserts if e.id not in originals])
     target.upsert([e for e in plan.upserts if e.id in originals])

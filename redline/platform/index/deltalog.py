@@ -1,12 +1,16 @@
 """The vector index's delta log: a Redis Stream per collection, the write-freeze flag, and each
 target's durable checkpoint.
 
-An entry is appended before anything touches Milvus, and the append is the acknowledgement.
+An entry is appended before anything touches Milvus, and the append is the acknowledgement
+(with `min_replicas_ack`, the spec's `redis.min_replicas_ack`: once that many Redis replicas
+hold it, WAIT on the append's connection; fewer in time raise AppendNotAcknowledgedError).
 Every applier's checkpoint (last applied stream id) lives in a Redis hash and is advanced by a
 script that also checks the applier still holds the target's lease, so it only moves forward and
 only after the batch it covers has been applied.
 
-Redis keys, for `redline:index:<collection>`:
+Redis keys, for `redline:index:{<collection>}` (hash-tagged: every key of a collection is in one
+Redis Cluster slot, as its scripts need; earlier releases used the untagged
+`redline:index:<collection>`, see docs/redis.md):
 - `:log` stream; entry fields `op` (u|d), `id`, `vector` (float32 little-endian bytes, empty for
   deletes), `region`, `ts_ms`, `checksum` (first 32 hex digits of a SHA-256 of the row, see
   `entries.row_checksum`), and `fields` (canonical JSON of the row's other fields) when it has any;
@@ -32,6 +36,7 @@ from typing import Any, cast
 
 import redis
 
+from redline.core.redisconn import execute_scripted, queue_script, queue_wait
 from redline.platform.index.entries import (
     ID_PATTERN,
     ZERO_ID,
@@ -44,12 +49,21 @@ from redline.platform.index.entries import (
     parse_packed,
     parse_stream_id,
 )
-from redline.platform.index.errors import DeltaLogError, LeaseLostError
+from redline.platform.index.errors import (
+    AppendNotAcknowledgedError,
+    DeltaLogError,
+    LeaseLostError,
+)
 
 
 def shared_prefix(collection: str) -> str:
     """The hash-tagged prefix of a collection's multi-region keys (one Redis Cluster slot)."""
     return f"redline:index:{{{collection}}}"
+
+
+def regions_key(collection: str) -> str:
+    """The set of regions that write the collection (each has its own delta log)."""
+    return f"{shared_prefix(collection)}:regions"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,12 +96,15 @@ local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV))
 return {id, redis.call('EXISTS', KEYS[2])}
 """
 
-# KEYS: log, frozen flag, the region's recent-writes hash. ARGV: row id, "ts_ms|op|checksum",
-# then field/value pairs. The append of a region writing a multi-region collection: the recent
-# write is recorded with it, so the other region's writer sees it before it replicates.
+# KEYS: log, frozen flag, the region's recent-writes hash, the collection's writing regions.
+# ARGV: row id, "ts_ms|op|checksum", the region, then field/value pairs. The append of a region
+# writing a multi-region collection: the recent write is recorded with it, so the other region's
+# writer sees it before it replicates, and the region joins the set the writers and the pruning
+# read (a SADD per append instead of a keyspace SCAN per write).
 _APPEND_RECENT = """
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. id)
+redis.call('SADD', KEYS[4], ARGV[3])
 return {id, redis.call('EXISTS', KEYS[2])}
 """
 
@@ -113,8 +130,9 @@ end
 return out
 """
 
-# KEYS: target hash, lease, targets registry. ARGV: token, new checkpoint, entries, conflicts,
-# replayed, now_ms, log, the batch's highest ts_ms, the target's name, then the batch's regions.
+# KEYS: target hash, lease, targets registry, log. ARGV: token, new checkpoint, entries,
+# conflicts, replayed, now_ms, log (unused: KEYS[4], declared so a Cluster routes and checks it),
+# the batch's highest ts_ms, the target's name, then the batch's regions.
 # Besides the checkpoint, it keeps the highest ts_ms and the set of regions ever applied, which let
 # a batch that is newer than anything the target holds, from its only region, skip reading the
 # target's versions; and it registers the target, so no trim removes what it has not applied.
@@ -129,8 +147,8 @@ local offset = redis.call('HGET', KEYS[1], 'offset')
 if not offset then
   -- first advance: entries trimmed before this target ever read are not pending for it
   offset = 0
-  if redis.call('EXISTS', ARGV[7]) == 1 then
-    offset = xinfo(ARGV[7], 'entries-added') - xinfo(ARGV[7], 'length')
+  if redis.call('EXISTS', KEYS[4]) == 1 then
+    offset = xinfo(KEYS[4], 'entries-added') - xinfo(KEYS[4], 'length')
   end
 end
 redis.call('HSET', KEYS[1], 'checkpoint', ARGV[2], 'offset', tonumber(offset) + tonumber(ARGV[3]),
@@ -286,22 +304,36 @@ class DeltaLog:
     """The delta log of one logical collection in Redis, with its freeze flag and checkpoints."""
 
     def __init__(
-        self, client: redis.Redis, collection: str, dim: int, origin: str | None = None
+        self,
+        client: redis.Redis,
+        collection: str,
+        dim: int,
+        origin: str | None = None,
+        *,
+        min_replicas_ack: int = 0,
+        ack_timeout_ms: int = 500,
     ) -> None:
         if not ID_PATTERN.match(collection):
             raise DeltaLogError(f"invalid collection name {collection!r}")
         if dim <= 0:
             raise DeltaLogError(f"dimension must be positive, got {dim}")
+        if min_replicas_ack < 0 or ack_timeout_ms <= 0:
+            raise DeltaLogError(
+                f"min_replicas_ack must be >= 0 and ack_timeout_ms > 0, got "
+                f"{min_replicas_ack} and {ack_timeout_ms}"
+            )
         self.redis = client
+        self.min_replicas_ack = min_replicas_ack
+        """Replicas that must hold an append (WAIT) before it is acknowledged (the spec's
+        `redis.min_replicas_ack`); 0: the primary's answer is the acknowledgement."""
+        self.ack_timeout_ms = ack_timeout_ms
         self.collection = collection
         self.dim = dim
         self.origin = check_region(origin) if origin is not None else None
         """The region whose writes this log holds, when two regions write the collection (each
         its own log; see `conflicts`); None: the one log of a primary/replica pair."""
         self.shared = shared_prefix(collection)
-        self.prefix = (
-            f"{self.shared}:{origin}" if origin is not None else f"redline:index:{collection}"
-        )
+        self.prefix = f"{self.shared}:{origin}" if origin is not None else self.shared
         self.stream_key = f"{self.prefix}:log"
         self.frozen_key = f"{self.prefix}:frozen"
         self.targets_key = f"{self.prefix}:targets"
@@ -355,8 +387,10 @@ class DeltaLog:
         ts_ms: int,
     ) -> list[tuple[str, bool]]:
         """Append entries in order (op, id, vector and optionally the payload's canonical JSON);
-        per entry its stream id and whether writes were frozen."""
-        pipe = self.redis.pipeline(transaction=False)
+        per entry its stream id and whether writes were frozen. With `min_replicas_ack`, WAIT
+        follows the appends on the same connection; too few replicas in time raise
+        AppendNotAcknowledgedError (the entries are in the log, not acknowledged)."""
+        calls: list[tuple[Any, list[Any], list[bytes]]] = []
         for item in ops:
             payload = item[3] if len(item) == 4 else b""
             fields = build_fields(item[0], item[1], region, ts_ms, item[2], payload)
@@ -364,17 +398,42 @@ class DeltaLog:
             for name, value in fields.items():
                 argv += [name.encode(), value]
             if self.origin is None:
-                self._append(keys=[self.stream_key, self.frozen_key], args=argv, client=pipe)
+                calls.append((self._append, [self.stream_key, self.frozen_key], argv))
                 continue
             recent = b"%d|%s|%s" % (ts_ms, fields["op"], fields["checksum"])
-            self._append_recent(
-                keys=[self.stream_key, self.frozen_key, f"{self.shared}:recent:{region}"],
-                args=[item[1].encode(), recent, *argv],
-                client=pipe,
+            keys = [
+                self.stream_key,
+                self.frozen_key,
+                f"{self.shared}:recent:{region}",
+                regions_key(self.collection),
+            ]
+            calls.append(
+                (self._append_recent, keys, [item[1].encode(), recent, region.encode(), *argv])
             )
+        wanted = self.min_replicas_ack if ops else 0
+
+        def fill(pipe: Any) -> None:
+            for script, keys, args in calls:
+                queue_script(pipe, script, keys, args)
+            if wanted > 0:
+                # Not MULTI (transaction=False): inside a transaction WAIT would not block.
+                queue_wait(pipe, self.stream_key, wanted, self.ack_timeout_ms)
+
+        # One script per log (a Cluster node that lost it runs none of the appends: retried).
+        script = self._append if self.origin is None else self._append_recent
+        replies = execute_scripted(self.redis, fill, [script])
+        acked = int(replies.pop()) if wanted > 0 else 0
         results: list[tuple[str, bool]] = []
-        for sid, frozen in pipe.execute():
+        for sid, frozen in replies:
             results.append((_text(sid), bool(int(frozen))))
+        if acked < wanted:
+            raise AppendNotAcknowledgedError(
+                f"{self.collection}: only {acked} of {wanted} replica(s) acknowledged "
+                f"{len(results)} delta-log append(s) within {self.ack_timeout_ms} ms "
+                "(redis.min_replicas_ack); not acknowledged: they may be lost if the Redis "
+                "primary fails now",
+                results,
+            )
         return results
 
     # reads -----------------------------------------------------------------------------------
@@ -479,7 +538,12 @@ class DeltaLog:
         """Move the checkpoint forward after a batch; LeaseLostError if the lease is not ours."""
         result = int(
             self._advance(
-                keys=[self.target_key(target), self.lease_key(target), self.targets_key],
+                keys=[
+                    self.target_key(target),
+                    self.lease_key(target),
+                    self.targets_key,
+                    self.stream_key,
+                ],
                 args=[
                     token,
                     checkpoint,

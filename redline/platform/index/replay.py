@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from redline.platform.index.apply import BatchResult, DeltaApplier, wait_for_batch
+from redline.platform.index.conflicts import DEFAULT_SALT
 from redline.platform.index.deltalog import DeltaLog
 from redline.platform.index.entries import Entry, parse_stream_id
 from redline.platform.index.milvus import MilvusTarget
@@ -89,11 +90,14 @@ def replay_delta_log(
     max_rows_per_second: float | None = None,
     compact: bool = True,
     on_batch: Callable[[BatchResult], None] | None = None,
+    salt: str = DEFAULT_SALT,
+    conflict_window_seconds: float | None = None,
 ) -> ReplayReport:
     """Apply the delta log to `target` from its checkpoint up to `until` (default: the last entry
     now), batch by batch with the checkpoint advanced after each, then flush, compact and verify
     every id in the replayed range. Re-running after a crash resumes and verifies the whole range
-    of the interrupted replay; the range record is dropped once verification passes."""
+    of the interrupted replay; the range record is dropped once verification passes. `salt`
+    and the conflict window: those of the collection's writers (two writing regions)."""
     started = time.monotonic()
     name = target.name
     checkpoint = deltalog.target_state(name).checkpoint
@@ -109,7 +113,10 @@ def replay_delta_log(
         end = after
     deltalog.register_target(name)  # before the range is recorded: a trim must see it
     deltalog.set_replay_range(name, after, end)
-    applier = DeltaApplier(deltalog, target, lease_ttl_seconds, replay=True)
+    applier = DeltaApplier(
+        deltalog, target, lease_ttl_seconds, replay=True, salt=salt,
+        conflict_window_seconds=conflict_window_seconds,
+    )  # fmt: skip
     entries = upserts = deletes = conflicts = superseded = batches = 0
     expected: dict[str, LastWrite] = {}
     covered = after  # (after, covered] is folded into `expected` or listed in `gaps`
@@ -157,7 +164,10 @@ def replay_delta_log(
     in_range = entries
     for gap_after, gap_until in gaps:
         in_range += note_last_writes(expected, deltalog.iter_range(gap_after, gap_until))
-    report = verify_last_writes(deltalog, target, expected, after, end, in_range)
+    report = verify_last_writes(
+        deltalog, target, expected, after, end, in_range, salt=salt,
+        conflict_window_seconds=conflict_window_seconds,
+    )  # fmt: skip
     if report.ok:
         deltalog.clear_replay_range(name)
     return ReplayReport(

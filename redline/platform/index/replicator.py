@@ -1,6 +1,7 @@
 """The replicator: applies the delta log to a replica continuously from its durable checkpoint,
 retrying with backoff; pausable through a flag in Redis. It registers its replica (so no trim
-removes what the replica has not applied) and, given a retention, trims the log periodically."""
+removes what the replica has not applied) and, given a retention, trims the log periodically
+(for a log of two writing regions, pruning its copy's settled conflict heads with it)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import redis
 from pymilvus import MilvusException
 
 from redline.platform.index.apply import BatchResult, DeltaApplier
+from redline.platform.index.conflicts import DEFAULT_SALT
 from redline.platform.index.deltalog import DeltaLog
 from redline.platform.index.errors import DeltaLogError
 from redline.platform.index.milvus import MilvusTarget
@@ -37,6 +39,8 @@ class Replicator:
         retention_seconds: float | None = None,
         trim_interval_seconds: float = 60.0,
         trim_chunk: int = 10_000,
+        salt: str = DEFAULT_SALT,
+        conflict_window_seconds: float | None = None,
     ) -> None:
         self.log = deltalog
         self.replica = replica
@@ -46,7 +50,10 @@ class Replicator:
         self.retention_seconds = retention_seconds
         self.trim_interval_seconds = trim_interval_seconds
         self.trim_chunk = trim_chunk
-        self.applier = DeltaApplier(deltalog, replica, lease_ttl_seconds)
+        self.applier = DeltaApplier(
+            deltalog, replica, lease_ttl_seconds, salt=salt,
+            conflict_window_seconds=conflict_window_seconds,
+        )  # fmt: skip
         self.last_trim: TrimReport | None = None
         self._registered = False
         self._next_trim = 0.0
@@ -70,19 +77,21 @@ class Replicator:
         if now < self._next_trim:
             return None
         report = trim_delta_log(
-            self.log, self.retention_seconds, self.trim_chunk, max_chunks=TRIM_MAX_CHUNKS
-        )
+            self.log, self.retention_seconds, self.trim_chunk, max_chunks=TRIM_MAX_CHUNKS,
+            conflicts=self.applier.conflicts,
+        )  # fmt: skip
         self.last_trim = report
         unfinished = report.chunks >= TRIM_MAX_CHUNKS
         self._next_trim = now + (0.0 if unfinished else self.trim_interval_seconds)
-        if report.removed or report.tombstones_pruned:
+        if report.removed or report.tombstones_pruned or report.heads_pruned:
             log.info(
-                "trimmed %s at %s: %d entries (%d left), %d tombstones",
+                "trimmed %s at %s: %d entries (%d left), %d tombstones, %d ids' heads",
                 self.log.collection,
                 report.point,
                 report.removed,
                 report.length,
                 report.tombstones_pruned,
+                report.heads_pruned,
             )
         return report
 

@@ -197,10 +197,81 @@ class IndexSettings(IndexTargetsFields, ServiceSettings):
     trim_chunk: PositiveInt = Field(
         10_000, description="Entries removed per XTRIM call (Redis stays responsive between)."
     )
+    origin: str | None = Field(
+        None,
+        description="Two writing regions: the region this process works for — whose delta log "
+        "`write-demo` writes, whose copy `replicate` applies the other region's log to. Its copy "
+        "is the primary settings' collection, named after the region. None: the one-log "
+        "primary/replica pair.",
+    )
+    replicate_from: str | None = Field(
+        None,
+        description="Two writing regions: the other region, whose delta log `replicate` applies "
+        "to this region's copy (the same Redis holds both logs, the heads and the conflict map).",
+    )
+    regions: tuple[str, ...] = Field(
+        (),
+        description="Two writing regions: every region writing the collection; when given, "
+        "`origin` and `replicate_from` must be among them.",
+    )
+    heads_retention_seconds: NonNegativeFloat = Field(
+        3600.0,
+        description="Two writing regions: the conflict window — writes of one id from two "
+        "regions at most this far apart are a conflict, further apart the later one wins — and "
+        "how long the per-id heads are kept behind the oldest entry any region's log holds "
+        "(itself the log's retention behind the slowest copy; then the trim prunes them). At "
+        "least the longest replication lag plus clock skew; the same in every region (the "
+        "first process records it in Redis, a process with another one stops).",
+    )
 
     def collection_config(self, token: str = "") -> IndexConfig:
         """The IndexConfig these settings describe."""
         return self.index_config(self.collection, self.dim, token, self.region)
+
+    def conflict_window_seconds(self) -> float:
+        """The conflict window of two writing regions (`heads_retention_seconds`)."""
+        return self.heads_retention_seconds
+
+    def two_regions(self, needs_source: bool) -> tuple[str, str | None] | None:
+        """(origin, the region replicated from) of a two-region process, None for the one-log
+        pair; SettingsError naming the problem (a region named badly, not among `regions`, the
+        same on both sides, or `replicate_from` without `origin` / missing when `needs_source`)."""
+        origin, source = self.origin, self.replicate_from
+        if origin is None:
+            if source is not None:
+                raise SettingsError(
+                    f"--from {source} needs --origin: the region whose copy the log of "
+                    f"{source} is applied to"
+                )
+            return None
+        named = [("--origin", origin), ("--from", source)]
+        named += [("--regions", r) for r in self.regions]
+        for flag, region in named:
+            try:
+                if region is not None:
+                    check_region(region)
+            except DeltaLogError as exc:
+                raise SettingsError(f"{flag}: {exc}") from None
+        if needs_source and source is None:
+            raise SettingsError(
+                f"replication into {origin}'s copy needs --from REGION: the other region, whose "
+                "delta log it applies"
+            )
+        if source is not None and source == origin:
+            raise SettingsError(
+                f"--origin and --from are both {origin}: a region's replicator applies the "
+                "OTHER region's log to its own copy (its own writes reach it through its writer)"
+            )
+        known = set(self.regions)
+        for flag, region in (("--origin", origin), ("--from", source)):
+            if known and region is not None and region not in known:
+                raise SettingsError(
+                    f"{flag} {region} is not one of the collection's regions "
+                    f"({', '.join(sorted(known))})"
+                )
+        if source is not None and not needs_source:
+            raise SettingsError(f"--from {source} only applies to `redline index replicate`")
+        return origin, source
 
     def id_generator(self) -> VectorIdGenerator:
         """The vector id generator of this process (region code, node id)."""

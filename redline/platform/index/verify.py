@@ -72,16 +72,20 @@ def verify_range(
     until: str,
     sample_limit: int = 20,
     workers: int = 2,
+    salt: str = DEFAULT_SALT,
+    conflict_window_seconds: float | None = None,
 ) -> VerifyReport:
     """Check every id written in (after, until]: its last write by (ts_ms, region) is on the
     target (upsert: present with that version and a checksum recomputed from the row read back
     — every field — that matches; delete: absent). Ids the target holds in a newer version
-    count as superseded, not wrong."""
+    count as superseded, not wrong. `salt` and the conflict window: those of the collection's
+    writers (two writing regions)."""
     expected: dict[str, LastWrite] = {}
     entries = note_last_writes(expected, deltalog.iter_range(after, until))
     return verify_last_writes(
-        deltalog, target, expected, after, until, entries, sample_limit, workers
-    )
+        deltalog, target, expected, after, until, entries, sample_limit, workers, salt,
+        conflict_window_seconds,
+    )  # fmt: skip
 
 
 def verify_last_writes(
@@ -94,11 +98,12 @@ def verify_last_writes(
     sample_limit: int = 20,
     workers: int = 2,
     salt: str = DEFAULT_SALT,
+    conflict_window_seconds: float | None = None,
 ) -> VerifyReport:
     """Check the folded last writes of (after, until] (`entries` of them) against the target."""
     ids = list(expected)
     if deltalog.origin is not None:
-        conflicts = ConflictMap(deltalog.redis, deltalog.collection, salt)
+        conflicts = ConflictMap(deltalog.redis, deltalog.collection, salt, conflict_window_seconds)
         return _verify_heads(
             conflicts, target, expected, after, until, entries, sample_limit, workers
         )
@@ -161,6 +166,7 @@ def _verify_heads(
     heads = conflicts.heads(target.name, ids)
     losers = conflicts.by_loser(ids)
     pk_type = target.schema().pk_type
+    window = conflicts.window_ms
     # where each write should be: (row id, whether it is a re-map), or None: superseded
     places: dict[str, tuple[str, bool] | None] = {}
     verified = superseded = missing = unexpected = stale = bad_sum = remapped = 0
@@ -173,7 +179,7 @@ def _verify_heads(
             else:
                 places[row_id] = (row_id, False)  # never applied: the row check reports it
             continue
-        desired = build_desired(row_id, heads[row_id], conflicts.salt, pk_type)
+        desired = build_desired(row_id, heads[row_id], conflicts.salt, pk_type, window)
         if desired.winner == mine or op == "delete":
             places[row_id] = (row_id, False)
         elif (row_id, region, checksum) in losers:
@@ -194,7 +200,9 @@ def _verify_heads(
         where, is_remap = place
         row = rows.get(where)
         if op == "delete" and not is_remap:
-            winner = build_desired(row_id, heads.get(row_id, {}), conflicts.salt, pk_type).winner
+            winner = build_desired(
+                row_id, heads.get(row_id, {}), conflicts.salt, pk_type, window
+            ).winner
             if row is None:
                 verified += 1
                 continue

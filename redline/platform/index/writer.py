@@ -11,7 +11,11 @@ A row given without an id (None) gets one from the writer's `VectorIdGenerator` 
 ms | region | node | sequence, spelled for the key's type. When two regions write the collection
 (the log has an `origin`), the writer holds its copy's lease while it appends and applies, and
 applies through the copy's heads, so a conflict with the other region's write of the same id is
-re-mapped and recorded (see `conflicts`); it also checks the other regions' recent writes first."""
+re-mapped and recorded (see `conflicts`); it also checks the other regions' recent writes first.
+
+When the log asks for replica acknowledgements (`DeltaLog(min_replicas_ack=...)`) and too few
+come in time, the entries are applied like any others and AppendNotAcknowledgedError is raised
+afterwards: the write is reported as not acknowledged, never as done."""
 
 from __future__ import annotations
 
@@ -42,7 +46,12 @@ from redline.platform.index.entries import (
     stream_id_before,
     to_vector,
 )
-from redline.platform.index.errors import DeltaLogError, LeaseBusyError, VectorIndexError
+from redline.platform.index.errors import (
+    AppendNotAcknowledgedError,
+    DeltaLogError,
+    LeaseBusyError,
+    VectorIndexError,
+)
 from redline.platform.index.ids import VectorIdGenerator, format_vector_id
 from redline.platform.index.milvus import MilvusTarget
 from redline.platform.index.schema import encode_payload
@@ -93,6 +102,7 @@ class IndexWriter:
         salt: str = DEFAULT_SALT,
         lease_ttl_seconds: float = 15.0,
         lease_wait_seconds: float = 30.0,
+        conflict_window_seconds: float | None = None,
     ) -> None:
         self.log = deltalog
         self.primary = primary
@@ -103,13 +113,16 @@ class IndexWriter:
         self.lease_ttl_seconds = lease_ttl_seconds
         self.lease_wait_seconds = lease_wait_seconds
         self.conflicts: ConflictMap | None = None
+        self._agreed = False
         if deltalog.origin is not None:
             if deltalog.origin != self.region:
                 raise DeltaLogError(
                     f"a writer of region {self.region} cannot append to the log of "
                     f"{deltalog.origin}"
                 )
-            self.conflicts = ConflictMap(deltalog.redis, deltalog.collection, salt)
+            self.conflicts = ConflictMap(
+                deltalog.redis, deltalog.collection, salt, conflict_window_seconds
+            )
 
     def upsert(
         self, row_id: RowId, vector: VectorLike, fields: Mapping[str, Any] | None = None
@@ -153,6 +166,9 @@ class IndexWriter:
         """Append the operations in order (one timestamp), then apply the unfrozen ones."""
         if self.conflicts is None:
             return self._write(ops, ts_ms)
+        if not self._agreed:
+            self.conflicts.agree()
+            self._agreed = True
         token = new_token()
         deadline = time.monotonic() + self.lease_wait_seconds
         # the copy's replicator resolves against the same heads: one of them at a time
@@ -186,7 +202,14 @@ class IndexWriter:
             else:
                 raise DeltaLogError(f"unknown op {op!r} (expected upsert or delete)")
         stamp = ts_ms if ts_ms is not None else int(self.clock() * 1000)
-        appended = self.log.append(checked, self.region, stamp)
+        unacked: AppendNotAcknowledgedError | None = None
+        try:
+            appended = self.log.append(checked, self.region, stamp)
+        except AppendNotAcknowledgedError as exc:
+            # The entries are in the log, which the replicator applies: the primary gets them
+            # too, so the copies agree whether or not they survive; the caller still hears
+            # that the write is not acknowledged (raised below, once applied).
+            unacked, appended = exc, exc.appended
         acks = [
             WriteAck(sid, row_id, op, False)
             for (op, row_id, _, _), (sid, _) in zip(checked, appended, strict=True)
@@ -198,6 +221,13 @@ class IndexWriter:
         ]
         if self.conflicts is not None:
             self._check_recent(to_apply)
+        if unacked is not None:
+            self._apply(to_apply, acks)
+            raise unacked
+        return self._apply(to_apply, acks)
+
+    def _apply(self, to_apply: list[Entry], acks: list[WriteAck]) -> list[WriteAck]:
+        """Apply the unfrozen entries to the primary (freezing on failure); the acks."""
         if not to_apply:
             return acks
         last: dict[str, Entry] = {e.id: e for e in to_apply}
@@ -233,7 +263,9 @@ class IndexWriter:
                 continue
             for row_id, theirs in self.conflicts.recent(region, list(upserts)).items():
                 ours = Head.of(upserts[row_id])
-                conflict = build_conflict(row_id, ours, theirs, self.conflicts.salt, pk_type)
+                conflict = build_conflict(
+                    row_id, ours, theirs, self.conflicts.salt, pk_type, self.conflicts.window_ms
+                )
                 if conflict is not None:
                     found.append(conflict)
         if found:

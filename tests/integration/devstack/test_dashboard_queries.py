@@ -219,3 +219,37 @@ def test_preview_draws_every_panel_with_data(
     committed = ROOT / "docs" / "red-lines.png"
     assert committed.stat().st_size < 300_000
     assert "red-lines.png" in (ROOT / "docs" / "dashboards.md").read_text("utf-8")
+
+
+def test_crdt_panels_show_the_partition_and_the_convergence(
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
+) -> None:
+    """The sample cuts the CRDT session sync for a while: both directions' lag rises past the
+    RPO, the divergent sessions show, and after the heal the convergence time holds the
+    partition's length."""
+    dashboard = _load("rpo.json", spec)
+    context = _context(client, dashboard, prometheus, spec)
+    lag = next(
+        q.expr
+        for q in panel_queries(dashboard)
+        if "'CRDT sync lag" in q.where and "by (source_region" in q.expr
+    )
+    directions = fetch_query_range(client, substitute(lag, context), context)
+    peaks = {
+        (s["metric"]["source_region"], s["metric"]["target_region"]): max(
+            float(v) for _, v in s["values"]
+        )
+        for s in directions
+        if "source_region" in s["metric"]
+    }
+    regions = spec.regions[:2]
+    assert set(peaks) == {(regions[0], regions[1]), (regions[1], regions[0])}
+    assert all(peak > spec.rpo.session_crdt.max_seconds for peak in peaks.values())
+    divergent = _query(dashboard, "'Divergent sessions'")
+    (found,) = fetch_query_range(client, substitute(divergent, context), context)
+    values = [float(v) for _, v in found["values"]]
+    assert max(values) == 6 and values[-1] == 0  # diverged, then converged
+    converge = _query(dashboard, "'Time to converge (last divergence)'")
+    (last,) = fetch_query_range(client, substitute(converge, context), context)
+    partition = (prometheus.end - prometheus.start) * 0.03
+    assert abs(float(last["values"][-1][1]) - partition) <= 60  # the window, within two steps

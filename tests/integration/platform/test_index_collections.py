@@ -301,7 +301,7 @@ def test_collections_the_write_path_cannot_use_are_named_at_start(
         )  # fmt: skip
         assert process.returncode == 2, process.stdout + process.stderr
         assert f"collection {name}_sparse on replica has no FLOAT_VECTOR field" in process.stderr
-        assert redis.Redis.from_url(redis_url).exists(f"redline:index:{name}:log") == 0
+        assert redis.Redis.from_url(redis_url).exists(f"redline:index:{{{name}}}:log") == 0
     finally:
         for collection in made:
             client.drop_collection(collection)
