@@ -11,6 +11,12 @@ own evaluator. They and the golden-set probes' answers go to one `EvalTally`, re
 the cache and read at every scrape, labelled with the snapshot registry's active versions
 (`ActiveVersions` over `models.root`, the registry the model-versions probe reads).
 
+Probes that write canaries (`writes_canaries`) run on one exporter replica only: the holder of
+the canary lease in Redis (`canary_lease`, `redline.platform.lease`). The others skip them and
+publish none of their series, and every replica publishes `redline_exporter_canary_lease_held`;
+when the holder dies another takes over within the lease TTL plus one renewal interval (at
+once when the holder stops cleanly: it releases the lease).
+
 No `_created` series are exposed unless `created_series`: building the app sets
 prometheus-client's process-wide switch for them (`redline.core.created`).
 """
@@ -32,10 +38,12 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from redline.core.created import apply_created_series
+from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, read_secret
 from redline.exporters.consistency import build_consistency_probes
 from redline.exporters.drift import (
@@ -56,13 +64,15 @@ from redline.exporters.keepalive import KeepaliveProbe
 from redline.exporters.llm_probes import build_llm_probes
 from redline.exporters.models import ModelVersionsProbe
 from redline.exporters.mutation import CanaryFileError, build_mutation_probes
-from redline.exporters.probe import Probe, ProbeCache
+from redline.exporters.probe import Probe, ProbeCache, writes_canaries
 from redline.exporters.session_crdt import SessionCrdtProbe
 from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
 from redline.platform.golden import GoldenSetError
 from redline.platform.index import DeltaLogError
+from redline.platform.lease import LeaseKeeper, RedisLease, default_owner
 from redline.platform.snapshots import ActiveVersions, SnapshotRegistry
+from redline.slo import catalog
 from redline.slo.spec import Spec
 
 log = logging.getLogger(__name__)
@@ -114,11 +124,15 @@ class Exporter:
     registry: CollectorRegistry
     probes: list[Probe] = field(default_factory=list)
     shared: Shared | None = None
+    lease: LeaseKeeper | None = None
+    """The canary lease (None: every probe runs here, as with a single exporter)."""
 
     def start(self) -> None:
-        """Schedule every probe (first run now) and start the scheduler."""
+        """Try the canary lease, schedule every probe (first run now), start the scheduler."""
         if self.scheduler.running:
             return
+        if self.lease is not None:
+            self.lease.start()
         now = datetime.now(UTC)
         for probe in self.probes:
             self.scheduler.add_job(
@@ -139,6 +153,10 @@ class Exporter:
         if self.scheduler.running:
             self.scheduler.shutdown(wait=False)
             log.info("exporter stopped its scheduler")
+        if self.lease is not None:
+            # Released, so another replica takes the canaries over at its next attempt.
+            self.lease.stop(release=True)
+            self.lease.lease.client.close()
         for probe in self.probes:
             _close(probe)
 
@@ -187,11 +205,16 @@ def build_metrics_router(
     async def healthz() -> JSONResponse:
         status = exporter.cache.status()
         running = exporter.scheduler.running
+        lease = exporter.lease
         body = {
             "status": "ok" if running else "stopped",
             "scheduler_running": running,
             "probes_ok": sum(1 for s in status.values() if s["success"]),
             "probes_total": len(status),
+            "probes_skipped": sum(1 for s in status.values() if s["skipped"]),
+            "canary_lease": None
+            if lease is None
+            else {"held": lease.held, "owner": lease.lease.owner, "error": lease.last_error},
             "probes": status,
         }
         return JSONResponse(body, status_code=200 if running else 503)
@@ -201,6 +224,49 @@ def build_metrics_router(
 
 class ProbeConfigError(Exception):
     """A probe section that cannot be built; the message names the section."""
+
+
+class LeaseCollector(Collector):
+    """`redline_exporter_canary_lease_held`: whether this replica runs the canary probes."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self.keeper = keeper
+
+    def describe(self) -> list[Metric]:
+        """The one gauge family, without samples."""
+        return [self._family()]
+
+    def collect(self) -> list[Metric]:
+        """The gauge: 1 while the lease is held."""
+        family = self._family()
+        family.add_metric([], 1.0 if self.keeper.held else 0.0)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        metric = catalog.REDLINE_EXPORTER_CANARY_LEASE_HELD
+        return GaugeMetricFamily(metric.family, metric.help, labels=[])
+
+
+def build_canary_lease(settings: ExporterSettings, probes: Sequence[Probe]) -> LeaseKeeper | None:
+    """The canary lease's keeper when the lease is on and some probe writes canaries; the
+    Redis client is opened lazily by redis-py, so Redis down delays the lease, not the start."""
+    section = settings.canary_lease
+    if not settings.canary_lease_enabled or not any(writes_canaries(p) for p in probes):
+        return None
+    url = section.redis_url or settings.redis_url
+    setting = "canary_lease.redis_url" if section.redis_url else "redis_url"
+    renew = section.renew_seconds if section.renew_seconds is not None else section.ttl_seconds / 3
+    # Short socket timeouts: an attempt must end well before the lease it renews lapses.
+    timeout = max(0.1, min(2.0, renew / 2))
+    try:
+        client = open_redis(url, setting, socket_timeout=timeout, socket_connect_timeout=timeout)
+        lease = RedisLease(client, section.key, default_owner("exporter"), section.ttl_seconds)
+        return LeaseKeeper(lease, renew)
+    except SettingsError as exc:
+        raise ProbeConfigError(str(exc)) from None
+    except ValueError as exc:
+        raise ProbeConfigError(f"canary_lease: {exc}") from None
 
 
 def build_probes(
@@ -415,9 +481,18 @@ def build_exporter_app(
                 "build it with the tally of the `shared` given to build_exporter_app"
             )
     timeouts = hang_timeouts(settings, probes)
-    cache = ProbeCache(probes, timeout_seconds=settings.probe_timeout_seconds, timeouts=timeouts)
+    lease = build_canary_lease(settings, probes)
+    canaries = {probe.name for probe in probes if writes_canaries(probe)}
+
+    def may_run(name: str) -> bool:
+        return lease is None or name not in canaries or lease.held
+
+    cache = ProbeCache(
+        probes, timeout_seconds=settings.probe_timeout_seconds, timeouts=timeouts, may_run=may_run
+    )
     apply_created_series(settings.created_series)
-    registry = build_registry(cache, [shared.tally, *extra_collectors])
+    lease_collectors = [LeaseCollector(lease)] if lease is not None else []
+    registry = build_registry(cache, [shared.tally, *lease_collectors, *extra_collectors])
     scheduler = build_scheduler()
 
     @contextlib.asynccontextmanager
@@ -435,7 +510,7 @@ def build_exporter_app(
         redoc_url=None,
         openapi_url=None,
     )
-    exporter = Exporter(app, scheduler, cache, registry, list(probes), shared)
+    exporter = Exporter(app, scheduler, cache, registry, list(probes), shared, lease)
     app.include_router(build_metrics_router(registry, exporter, settings.gzip))
     app.include_router(evaluations)
     return exporter
@@ -445,7 +520,9 @@ __all__ = [
     "ProbeConfigError",
     "DaemonThreadExecutor",
     "Exporter",
+    "LeaseCollector",
     "Shared",
+    "build_canary_lease",
     "hang_timeouts",
     "build_exporter_app",
     "build_probes",

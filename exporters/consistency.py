@@ -217,6 +217,9 @@ class EmbeddingClient:
 class ConsistencyProbe:
     """The canary prompts on the primary and every backup region, for one model."""
 
+    writes_canaries = True
+    """Canary prompts to every region: with exporter replicas, the canary lease holder's only."""
+
     def __init__(
         self,
         model: str,

@@ -72,6 +72,9 @@ def canary_id(schema: RowSchema, region: str) -> str:
 class IndexStalenessProbe:
     """Publishes staleness (and, for redline's replication, the delta log's state) of a replica."""
 
+    writes_canaries = True
+    """Writes the canary row: with exporter replicas, the canary lease holder's only."""
+
     def __init__(
         self,
         config: IndexConfig,

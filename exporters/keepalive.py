@@ -213,6 +213,9 @@ class _LossWatcher:
 class KeepaliveProbe:
     """Canary sessions on primary and replica, effective TTL, and keys lost before min_seconds."""
 
+    writes_canaries = True
+    """Writes canary sessions: with exporter replicas, the canary lease holder's only."""
+
     metrics = (
         MetricDef.of(catalog.SESSION_CONTEXT_TTL_SECONDS),
         MetricDef.of(catalog.SESSION_KEEPALIVE_PROBE_SUCCESS),

@@ -636,6 +636,8 @@ class MutationProbe:
     accepted one (see the module docstring)."""
 
     metrics: tuple[MetricDef, ...] = MUTATION_METRICS
+    writes_canaries = True
+    """Canary prompts and accepted answers: with exporter replicas, the lease holder's only."""
 
     def __init__(
         self,

@@ -3,6 +3,10 @@
 A probe measures one signal on a real component. The scheduler calls `Probe.run()` on its own
 interval, in a worker thread; `ProbeCache` keeps the last result, and the collector only reads
 that cache, so a slow or hanging probe never blocks or slows a scrape.
+
+A probe that writes canaries (a canary vector, a canary session, canary prompts) says so with a
+true `writes_canaries` class attribute; when several exporter replicas run, only the holder of the
+canary lease runs those (`may_run`): the others skip them and publish none of their series.
 """
 
 from __future__ import annotations
@@ -76,6 +80,12 @@ class Probe(Protocol):
         ...
 
 
+def writes_canaries(probe: Probe) -> bool:
+    """True when the probe writes canaries (its class sets `writes_canaries = True`): with
+    several exporter replicas, only the canary lease's holder runs it."""
+    return bool(getattr(probe, "writes_canaries", False))
+
+
 @dataclass
 class _State:
     samples: list[Sample] = field(default_factory=list)
@@ -84,6 +94,9 @@ class _State:
     last_success: float | None = None
     running_since: float | None = None
     error: str | None = None
+    runs: int = 0
+    skipped: bool = False
+    skipped_runs: int = 0
 
 
 PROBE_METRICS = (
@@ -102,6 +115,7 @@ class ProbeCache(Collector):
         timeout_seconds: float = 30.0,
         clock: Callable[[], float] = time.time,
         timeouts: Mapping[str, float] | None = None,
+        may_run: Callable[[str], bool] | None = None,
     ) -> None:
         self.probes: dict[str, Probe] = {}
         for probe in probes:
@@ -115,6 +129,8 @@ class ProbeCache(Collector):
             raise ValueError(f"timeouts given for unknown probes: {', '.join(unknown)}")
         self._definitions = _check_definitions(self.probes.values())
         self._clock = clock
+        # Whether a probe may run now (the canary lease); None: every probe always may.
+        self._may_run = may_run
         self._lock = threading.Lock()
         self._states = {name: _State() for name in self.probes}
 
@@ -122,9 +138,24 @@ class ProbeCache(Collector):
         """Seconds after which a still-running probe counts as failed (hung)."""
         return self.timeouts.get(name, self.timeout_seconds)
 
+    def allowed(self, name: str) -> bool:
+        """True when the probe may run (and publish) now."""
+        return self._may_run is None or self._may_run(name)
+
     def run(self, name: str) -> None:
-        """Run one probe now and cache its result; failures are logged, never raised."""
+        """Run one probe now and cache its result; failures are logged, never raised. A probe
+        that may not run now is skipped and its cached series dropped (not stale values)."""
         probe = self.probes[name]
+        if not self.allowed(name):
+            with self._lock:
+                state = self._states[name]
+                state.skipped_runs += 1
+                if not state.skipped:
+                    log.info("probe %s skipped: another replica holds the canary lease", name)
+                state.skipped = True
+                state.samples, state.success, state.last_success = [], False, None
+                state.error = None
+            return
         started = time.monotonic()
         with self._lock:
             self._states[name].running_since = started
@@ -143,6 +174,8 @@ class ProbeCache(Collector):
         with self._lock:
             state = self._states[name]
             state.running_since = None
+            state.runs += 1
+            state.skipped = False
             state.duration_seconds = duration
             state.error = error
             state.success = samples is not None
@@ -163,6 +196,9 @@ class ProbeCache(Collector):
                 running = None if state.running_since is None else now - state.running_since
                 hung = running is not None and running > self.timeout_for(name)
                 result[name] = {
+                    "skipped": state.skipped or not self.allowed(name),
+                    "runs": state.runs,
+                    "skipped_runs": state.skipped_runs,
                     "success": state.success and not hung,
                     "duration_seconds": round(state.duration_seconds, 4),
                     "last_success": state.last_success,
@@ -186,6 +222,8 @@ class ProbeCache(Collector):
         families = {name: _family(definition) for name, definition in self._definitions.items()}
         if with_samples:
             for name, state in sorted(states.items()):
+                if state.skipped or not self.allowed(name):
+                    continue  # another replica runs it: its series are that replica's
                 running = None if state.running_since is None else now - state.running_since
                 hung = running is not None and running > self.timeout_for(name)
                 success = 0.0 if hung else float(state.success)
@@ -235,6 +273,9 @@ def _snapshot(state: _State) -> _State:
         last_success=state.last_success,
         running_since=state.running_since,
         error=state.error,
+        runs=state.runs,
+        skipped=state.skipped,
+        skipped_runs=state.skipped_runs,
     )
 
 

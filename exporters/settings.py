@@ -98,6 +98,29 @@ class DriftSection(ProbeSection):
     )
 
 
+class CanaryLeaseSection(BaseModel):
+    """The Redis lease that elects, among exporter replicas, the one running the probes that
+    write canaries (index staleness, keep-alive, mutation, consistency)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool | None = Field(
+        None,
+        description="Elect one canary runner through a Redis lease; unset: on when `redis_url` "
+        "is set (file, environment or flag), off with the built-in default URL.",
+    )
+    redis_url: str | None = Field(None, description="Redis holding the lease; default: service.")
+    key: str = Field("redline:exporters:canary-lease", min_length=1, description="Lease key.")
+    ttl_seconds: PositiveFloat = Field(
+        10.0,
+        description="Lease TTL: a replica whose holder died takes over within this plus "
+        "`renew_seconds`; the holder renews every `renew_seconds`.",
+    )
+    renew_seconds: PositiveFloat | None = Field(
+        None, description="Seconds between two acquire-or-renew attempts; default: TTL / 3."
+    )
+
+
 class ExporterSettings(ServiceSettings):
     """Settings of the exporter process."""
 
@@ -128,6 +151,15 @@ class ExporterSettings(ServiceSettings):
     keepalive: KeepaliveSettings = Field(default_factory=KeepaliveSettings)
     session_crdt: SessionCrdtSettings = Field(default_factory=SessionCrdtSettings)
     drift: DriftSection = Field(default_factory=DriftSection)
+    canary_lease: CanaryLeaseSection = Field(default_factory=CanaryLeaseSection)
+
+    @property
+    def canary_lease_enabled(self) -> bool:
+        """Whether the canary lease elects one runner (`canary_lease.enabled`, else whether
+        `redis_url` was set rather than left at its built-in default)."""
+        if self.canary_lease.enabled is not None:
+            return self.canary_lease.enabled
+        return "redis_url" in self.model_fields_set or self.canary_lease.redis_url is not None
 
     @property
     def listen_port(self) -> int:

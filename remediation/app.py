@@ -10,6 +10,10 @@ whole), the payload (422 naming the field). It answers 202 once every new job an
 record are in Redis (one script for both, see `jobs.py`), 200 when everything was already
 recorded (a duplicate delivery) or needs no playbook, and 503 when Redis or the audit trail is
 unavailable, with nothing recorded, so Alertmanager retries. The token never reaches a log.
+Every route that needs Redis answers 503 with `Retry-After` while it is unreachable or failing
+over (and `POST /alerts` while its replicas do not acknowledge, `redis.min_replicas_ack`), never
+a 500 (`redline.core.failover` catches what would escape); `/healthz` and `/metrics` keep
+answering 200 (the scrape reports what it can).
 
 `POST /alerts` is the hot path (thousands of deliveries a second): `ReceiverApp` answers it
 straight from the ASGI call with `serve_alerts`, skipping FastAPI's middleware, routing and
@@ -42,8 +46,13 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError
 from starlette.requests import ClientDisconnect
 from starlette.types import Message, Receive, Scope, Send
 
-from redline.core.redisconn import async_wait_for_replicas, open_async_redis
-from redline.core.settings import SettingsError as _SettingsError
+from redline.core.failover import RETRY_AFTER, install_failover_handlers
+from redline.core.redisconn import (
+    FAILOVER_ERRORS,
+    ReplicaAckError,
+    async_wait_for_replicas,
+    open_async_redis,
+)
 from redline.remediation.audit import AsyncAuditLog, AuditError
 from redline.remediation.guards import (
     Policies,
@@ -53,6 +62,7 @@ from redline.remediation.guards import (
     read_active_jobs,
     read_guard_hashes,
 )
+from redline.remediation.guards import load_durability as load_spec_durability
 from redline.remediation.jobs import AsyncJobStore, Job, JobStatus
 from redline.remediation.metrics import (
     AuditStatus,
@@ -65,7 +75,6 @@ from redline.remediation.metrics import (
 )
 from redline.remediation.models import WebhookPayload
 from redline.remediation.settings import RemediationSettings
-from redline.slo.load import SpecError, load_spec
 from redline.slo.spec import RedisDurability
 
 log = logging.getLogger(__name__)
@@ -75,8 +84,16 @@ BEARER = HTTPBearer(auto_error=False, description="The webhook bearer token.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 STORE_DOWN = "job store (Redis) unavailable; nothing was recorded, retry later"
 AUDIT_DOWN = "audit trail unavailable; nothing was recorded, retry later"
+NOT_ACKNOWLEDGED = (
+    "recorded on the Redis primary, but fewer replicas than redis.min_replicas_ack acknowledged "
+    "it in time, so it is not accepted; retry later (the redelivery is a duplicate and waits "
+    "for the replicas again)"
+)
 UNAUTHORIZED = "missing or wrong bearer token"
-RETRY = (("Retry-After", "1"),)
+RETRY = tuple(RETRY_AFTER.items())
+REDIS_DOWN: tuple[type[Exception], ...] = (redis.RedisError, *FAILOVER_ERRORS)
+"""Redis failing (unreachable, failing over, a write its replicas did not acknowledge): 503."""
+UNVERIFIABLE: tuple[type[Exception], ...] = (*REDIS_DOWN, AuditError)
 
 
 class AlertOutcome(BaseModel):
@@ -153,7 +170,7 @@ class ReceiverState:
         )
         try:
             await self._store.ensure_group()
-        except redis.RedisError as exc:
+        except REDIS_DOWN as exc:
             log.warning("Redis unavailable at start-up (%s); /readyz reports it", exc)
         try:
             yield
@@ -187,7 +204,7 @@ class ReceiverState:
                 return last
             try:
                 chain, mirror = await self.audit.verify()
-            except (redis.RedisError, AuditError) as exc:
+            except UNVERIFIABLE as exc:
                 log.warning("audit trail not verified: %s", exc)
                 return last
             copies = {"redis": chain} | ({"file": mirror} if mirror is not None else {})
@@ -247,12 +264,16 @@ class ReceiverState:
             if ack.min_replicas_ack > 0 and self._client is not None:
                 # A 202 must survive the primary's death: replicas hold the job (and its audit
                 # record) first. Too few in time: ReplicaAckError, a RedisError -> 503 below;
-                # the redelivery is a duplicate and waits again.
-                fence = f"{self.settings.key_prefix}:{{ack}}:fence"
+                # the redelivery is a duplicate and waits again. The fence shares the jobs' hash
+                # tag: on a Cluster, WAIT speaks for the node holding them.
+                fence = f"{{{self.settings.key_prefix}}}:ack:fence"
                 await async_wait_for_replicas(
                     self._client, ack.min_replicas_ack, ack.ack_timeout_ms, fence
                 )
-        except redis.RedisError as exc:
+        except ReplicaAckError as exc:
+            log.warning("POST /alerts: %s (%s)", NOT_ACKNOWLEDGED, exc)
+            return Answer(503, _problem_body(NOT_ACKNOWLEDGED), RETRY)
+        except REDIS_DOWN as exc:
             log.warning("POST /alerts: %s (%s)", STORE_DOWN, type(exc).__name__)
             return Answer(503, _problem_body(STORE_DOWN), RETRY)
         except AuditError as exc:
@@ -474,8 +495,8 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
             return problem
         try:
             job = await state.store.get(job_id)
-        except redis.RedisError:
-            return _problem(503, STORE_DOWN, **{"Retry-After": "1"})
+        except REDIS_DOWN:
+            return _problem(503, STORE_DOWN, **RETRY_AFTER)
         if job is None:
             return _problem(404, f"no job {job_id}")
         return JSONResponse(job.model_dump(mode="json"))
@@ -499,8 +520,8 @@ def build_jobs_router(state: ReceiverState) -> APIRouter:
             return problem
         try:
             jobs = await state.store.list_jobs(playbook, status, limit)
-        except redis.RedisError:
-            return _problem(503, STORE_DOWN, **{"Retry-After": "1"})
+        except REDIS_DOWN:
+            return _problem(503, STORE_DOWN, **RETRY_AFTER)
         return JSONResponse(JobList(jobs=jobs).model_dump(mode="json"))
 
     return router
@@ -521,11 +542,11 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
         responses={503: {"model": Problem, "description": "Redis unreachable."}},
     )
     async def readyz() -> Response:
-        """200 when Redis answers PING, else 503."""
+        """200 when Redis answers PING, else 503 (with Retry-After)."""
         try:
             await state.store.ping()
-        except redis.RedisError as exc:
-            return _problem(503, f"redis unreachable: {type(exc).__name__}")
+        except REDIS_DOWN as exc:
+            return _problem(503, f"redis unreachable: {type(exc).__name__}", **RETRY_AFTER)
         return JSONResponse({"status": "ready"})
 
     @router.get(
@@ -542,7 +563,7 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
             runs: dict[str, str] | None = await state.store.run_metrics()
             paused, breaker = await read_guard_hashes(state.store.client, state.store.keys)
             active = await read_active_jobs(state.store.client, state.store.keys)
-        except redis.RedisError:
+        except REDIS_DOWN:
             runs = None  # scrape still works; run metrics are absent until Redis is back
         else:
             ages = build_job_ages(active, state.policies, time.time())
@@ -559,10 +580,7 @@ def build_ops_router(state: ReceiverState) -> APIRouter:
 
 def load_durability(settings: RemediationSettings) -> RedisDurability:
     """The spec's `redis` section (replica acknowledgements); SettingsError if it won't load."""
-    try:
-        return load_spec(settings.spec).spec.redis
-    except SpecError as exc:
-        raise _SettingsError("\n".join(exc.problems)) from None
+    return load_spec_durability(settings.spec)
 
 
 def build_receiver_app(
@@ -594,6 +612,8 @@ def build_receiver_app(
         lifespan=state.lifespan,
     )
     app.state.receiver = app.receiver = state
+    # The routes answer 503 themselves; this catches what would otherwise escape as a 500.
+    install_failover_handlers(app, _problem_body, "receiver")
     for router in (build_alerts_router(state), build_jobs_router(state), build_ops_router(state)):
         # The routes themselves, not the routers: an included router is one more dispatch layer
         # on every request, measurable at thousands of webhook deliveries a second.

@@ -33,6 +33,8 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aredis
 
+from redline.core.redisconn import ReplicaAckError, wait_for_replicas
+
 log = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
@@ -373,12 +375,31 @@ def _parse_reply(reply: Any) -> tuple[int, str]:
 
 
 class AuditLog:
-    """Synchronous appender and reader (workers, CLI)."""
+    """Synchronous appender and reader (workers, CLI).
 
-    def __init__(self, client: redis.Redis, prefix: str, file: Path | None = None) -> None:
+    With `min_replicas_ack` (the spec's `redis.min_replicas_ack`) an append returns only once
+    that many replicas hold its records (a fence write and WAIT, `wait_for_replicas`); fewer
+    within `ack_timeout_ms` raise ReplicaAckError: the records are in the primary's chain (and
+    the mirror) but not acknowledged, so the caller reports it instead of carrying on as if
+    they were safe.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str,
+        file: Path | None = None,
+        *,
+        min_replicas_ack: int = 0,
+        ack_timeout_ms: int = 500,
+    ) -> None:
         self._client = client
         self.keys = AuditKeys.for_prefix(prefix)
         self.file = file
+        self.min_replicas_ack = min_replicas_ack
+        self.ack_timeout_ms = ack_timeout_ms
+        # In the chain's slot (its hash tag): on a Cluster, WAIT must reach the chain's primary.
+        self._fence = f"{{{prefix}}}:audit:fence"
         self._script = client.register_script(_APPEND_LUA)
         self._lock = threading.Lock()
         self._head = EMPTY_HEAD
@@ -408,7 +429,16 @@ class AuditLog:
                 self._head = Head.parse(value)
             else:
                 raise AuditError("audit append kept conflicting with other writers")
+        unacked: ReplicaAckError | None = None
+        try:
+            wait_for_replicas(self._client, self.min_replicas_ack, self.ack_timeout_ms, self._fence)
+        except ReplicaAckError as exc:
+            unacked = exc
+        # Mirrored either way: records the primary then loses on a failover stay in the file,
+        # where verifying the trail shows them missing from Redis.
         self.sync_file()
+        if unacked is not None:
+            raise ReplicaAckError(f"audit records not acknowledged: {unacked}") from unacked
 
     def sync_file(self) -> None:
         """Append to the JSONL mirror every record it does not have yet."""

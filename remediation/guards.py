@@ -28,7 +28,13 @@ from redline.core.settings import SettingsError
 from redline.remediation.jobs import StoreKeys, now_iso
 from redline.remediation.playbook import PlaybookRegistry
 from redline.slo.load import SpecError, apply_profile, load_spec
-from redline.slo.spec import PLAYBOOK_NAMES, PlaybookBudget, PlaybookPolicy, Remediation
+from redline.slo.spec import (
+    PLAYBOOK_NAMES,
+    PlaybookBudget,
+    PlaybookPolicy,
+    RedisDurability,
+    Remediation,
+)
 
 ALL = "*"
 """The `paused` field that pauses every playbook."""
@@ -84,6 +90,15 @@ def load_policies(
     except SpecError as exc:
         raise SettingsError("\n".join(exc.problems)) from None
     return build_policies(spec.remediation, overrides)
+
+
+def load_durability(spec_path: Any) -> RedisDurability:
+    """The spec's `redis` section (replica acknowledgements of the writes that must not be
+    lost) from the spec file (None: the embedded default); SettingsError if it won't load."""
+    try:
+        return load_spec(spec_path).spec.redis
+    except SpecError as exc:
+        raise SettingsError("\n".join(exc.problems)) from None
 
 
 def build_startup_problems(registry: PlaybookRegistry, policies: Policies) -> list[str]:

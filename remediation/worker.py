@@ -26,6 +26,9 @@ up to `poll_seconds`), and run it:
 
 Redis failing under the worker (connection lost, timeout) is never recorded as the job's
 outcome: the attempt is abandoned, its entry stays pending and is reclaimed once Redis is back.
+With the spec's `redis.min_replicas_ack`, every audit append waits for that many replicas
+(WAIT); too few in time is a ReplicaAckError, logged as not acknowledged and handled like Redis
+failing: an unsettled job is reclaimed and run again, never taken as done.
 """
 
 from __future__ import annotations
@@ -45,13 +48,14 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from redline.core.redisconn import open_redis
+from redline.core.redisconn import ReplicaAckError, open_redis
 from redline.remediation.audit import AuditLog
 from redline.remediation.guards import (
     GuardStore,
     Policies,
     SkipOutcome,
     build_breaker_record,
+    load_durability,
     load_policies,
 )
 from redline.remediation.jobs import (
@@ -78,7 +82,7 @@ from redline.remediation.playbook import (
     TransientError,
 )
 from redline.remediation.settings import RemediationSettings
-from redline.slo.spec import PlaybookPolicy
+from redline.slo.spec import PlaybookPolicy, RedisDurability
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +219,7 @@ class Worker:
         name: str | None = None,
         audit: AuditLog | None = None,
         policies: Policies | None = None,
+        durability: RedisDurability | None = None,
     ) -> None:
         self.settings = settings
         self.registry = registry
@@ -224,7 +229,15 @@ class Worker:
         self.policies = policies or load_policies(
             settings.spec, settings.profile, settings.policies
         )
-        self.audit = audit or AuditLog(client, settings.key_prefix, settings.audit_file)
+        # The spec's `redis`: how many replicas must hold an audit record before it counts.
+        self.durability = durability or load_durability(settings.spec)
+        self.audit = audit or AuditLog(
+            client,
+            settings.key_prefix,
+            settings.audit_file,
+            min_replicas_ack=self.durability.min_replicas_ack,
+            ack_timeout_ms=self.durability.ack_timeout_ms,
+        )
         self.consumer = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._random = random.Random()
         self._group_ready = False
@@ -237,6 +250,12 @@ class Worker:
         while not stop.is_set():
             try:
                 self.run_once()
+            except ReplicaAckError as exc:
+                # Recorded on the primary, not acknowledged by its replicas: never taken as
+                # done. A job not yet settled stays pending and is reclaimed.
+                log.error("worker %s: write not acknowledged by the replicas: %s", self.consumer,
+                          exc)  # fmt: skip
+                stop.wait(min(1.0, self.settings.poll_seconds))
             except REDIS_DOWN as exc:
                 log.warning("worker %s: Redis unavailable (%s); retrying", self.consumer, exc)
                 self._group_ready = False
@@ -401,17 +420,22 @@ class Worker:
         )
         lease.start()
         started = time.monotonic()
-        self.audit.append(
-            "job.resumed" if resuming else "job.started",
-            job.id,
-            playbook=playbook.name,
-            target=target,
-            attempt=attempt,
-            dry_run=job.dry_run,
-            mode=mode,
-            worker=self.consumer,
-            **({"cursor": job.cursor} if resuming else {"alert": job.alert}),
-        )
+        try:
+            self.audit.append(
+                "job.resumed" if resuming else "job.started",
+                job.id,
+                playbook=playbook.name,
+                target=target,
+                attempt=attempt,
+                dry_run=job.dry_run,
+                mode=mode,
+                worker=self.consumer,
+                **({"cursor": job.cursor} if resuming else {"alert": job.alert}),
+            )
+        except BaseException:
+            # A renewed lease would keep the entry from ever going idle and being reclaimed.
+            lease.stop()
+            raise
 
         def recorder(name: str, detail: str, data: Mapping[str, Any]) -> None:
             self._record(job.id, attempt, "record", name, True, detail, data, None)

@@ -520,6 +520,14 @@ REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS = Metric(
     "Unix time of the probe's last successful run.",
     (LABEL_PROBE,),
 )
+PROBE_SESSION_CRDT = "session_crdt"
+"""The `probe` label of the CRDT session probe (its guard tells a failing probe from none)."""
+REDLINE_EXPORTER_CANARY_LEASE_HELD = Metric(
+    "redline_exporter_canary_lease_held",
+    "gauge",
+    "1 while this exporter replica holds the canary lease and runs the probes that write "
+    "canaries, 0 while another replica does.",
+)
 REDLINE_WEBHOOK_ALERTS_TOTAL = Metric(
     "redline_webhook_alerts_total",
     "counter",

@@ -13,6 +13,7 @@ from rich.console import Console
 from redline.cli.common import fail
 from redline.generate.compose_config import (
     CONFIG_DIR,
+    REDIS_TOPOLOGIES,
     SECRET_MODE,
     SECRETS,
     SECRETS_DIR,
@@ -117,10 +118,20 @@ def init(
     rotate_secrets: Annotated[
         bool, typer.Option("--rotate-secrets", help="Replace existing tokens with new ones.")
     ] = False,
+    redis: Annotated[
+        str,
+        typer.Option(
+            "--redis",
+            help="Redis topology: single (one `redis`) or sentinel (+ a replica and three "
+            "Sentinels, the `ha` profile; every service connects through the Sentinels).",
+        ),
+    ] = "single",
 ) -> None:
     """Write compose/config/ from the spec, compose/.env, and random tokens in compose/secrets/."""
     if not (directory / "docker-compose.yml").is_file():
         raise fail(f"--dir {directory}: no docker-compose.yml there (the repo's compose/ folder)")
+    if redis not in REDIS_TOPOLOGIES:
+        raise fail(f"--redis {redis!r}: expected one of {', '.join(REDIS_TOPOLOGIES)}")
     try:
         loaded = load_spec(spec_path)
     except SpecError as exc:
@@ -139,6 +150,7 @@ def init(
         collection=collection or defaults.collection,
         dim=dim or defaults.dim,
         profile=profile,
+        redis="sentinel" if redis == "sentinel" else "single",
     )
     try:
         files = build_compose_config(loaded.spec, spec_text, options)
@@ -156,6 +168,14 @@ def init(
         console.print(
             f"the containers read the tokens as group {SECRETS_GID}; share them with: "
             f"sudo chgrp {SECRETS_GID} {paths} && sudo chmod {SECRET_MODE:o} {paths}",
+            markup=False,
+            highlight=False,
+        )
+    if options.redis == "sentinel" and loaded.spec.redis.min_replicas_ack == 0:
+        console.print(
+            "note: the spec's redis.min_replicas_ack is 0: a write acknowledged just before a "
+            "failover can be lost; set it to 1 so jobs, audit records and index writes wait "
+            "for the replica (docs/redis.md)",
             markup=False,
             highlight=False,
         )

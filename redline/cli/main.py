@@ -11,6 +11,7 @@ from rich.console import Console
 from redline.cli import sources as sources_cli
 from redline.cli.common import RegionsOpt, err, fail
 from redline.cli.lazy import LazyGroup
+from redline.generate.kube_redis import REDIS_SENTINEL_DIR, build_redis_sentinel_outputs
 from redline.generate.kubernetes import (
     DEFAULT_IMAGE,
     DEFAULT_NAMESPACE,
@@ -202,6 +203,9 @@ def _generate_kubernetes(
     try:
         spec = apply_profile(loaded.spec, profile)
         outputs = build_kubernetes_outputs(spec, source_name(loaded), options, Path("."))
+        outputs |= build_redis_sentinel_outputs(
+            source_name(loaded), options, Path(REDIS_SENTINEL_DIR.name)
+        )
     except SpecError as exc:
         raise fail("\n".join(f"{loaded.source}: {line}" for line in exc.problems)) from None
     except KubernetesBuildError as exc:

@@ -32,7 +32,13 @@ from redline.devstack.errors import (
 )
 from redline.devstack.health import check_stack
 from redline.devstack.interrupts import InterruptGuard, interrupt_on_signals
-from redline.devstack.layout import ADAPTER_VERSIONS, DEFAULT_PODS, MAX_PODS, STACK_SOURCES
+from redline.devstack.layout import (
+    ADAPTER_VERSIONS,
+    DEFAULT_PODS,
+    MAX_PODS,
+    MAX_REPLICAS,
+    STACK_SOURCES,
+)
 from redline.devstack.loadgen import LoadGenerator, LoadgenSettings, write_reference
 from redline.devstack.models import (
     BaselineError,
@@ -186,6 +192,17 @@ def up(
             "and three Sentinels; every part gets the Sentinel URL).",
         ),
     ] = "single",
+    replicas: Annotated[
+        int,
+        typer.Option(
+            "--replicas",
+            min=1,
+            max=MAX_REPLICAS,
+            help="Replicas of the gateway, the remediation receiver and the exporter: "
+            "Alertmanager notifies every receiver, Prometheus scrapes every replica, the load "
+            "generator spreads over the gateways, one exporter runs the canaries (a lease).",
+        ),
+    ] = 1,
 ) -> None:
     """Start the local stack (every part detached) and print where everything is."""
     options = UpOptions(
@@ -198,6 +215,7 @@ def up(
         source=source,
         pods=pods,
         redis=redis,
+        replicas=replicas,
     )
     try:
         with interrupt_on_signals() as guard:

@@ -38,6 +38,7 @@ from redline.devstack.layout import (
     check_source,
     has_gateway,
     pod_name,
+    replica_parts,
     service_part,
     session_sync_part,
     simulator_part,
@@ -46,7 +47,7 @@ from redline.devstack.multiregion import GLOBAL_PART, build_multiregion_configs,
 from redline.platform.sessions import DEFAULT_GROUP, DEFAULT_STREAM
 from redline.rules.model import format_duration
 from redline.slo.sources import PROFILES, SIGNAL_KINDS
-from redline.slo.spec import Receiver, Sources, Spec
+from redline.slo.spec import REMEDIATION_RECEIVER, Receiver, Sources, Spec
 
 SERVICE_MODULE = "redline.devstack.fakes.service"
 """Run with `python -m` as each region's service front."""
@@ -151,11 +152,11 @@ def build_prometheus_config(spec: Spec, endpoints: Endpoints, rule_file: Path) -
     scrape = format_duration(t.scrape_interval_seconds)
     host = endpoints.host
 
-    def job(name: str, part: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
-        target: dict[str, Any] = {"targets": [f"{host}:{endpoints.ports[part]}"]}
-        if labels:
-            target["labels"] = dict(labels)
-        return {"job_name": name, "static_configs": [target]}
+    def job(name: str, part: str) -> dict[str, Any]:
+        # A replicated part (gateway, receiver, exporter) is one job with a target per replica.
+        names = replica_parts(part, endpoints.replicas) if part in REPLICATED_JOBS else (part,)
+        targets = [f"{host}:{endpoints.ports[name]}" for name in names]
+        return {"job_name": name, "static_configs": [{"targets": targets}]}
 
     if endpoints.has_gateway:
         serving = job(GATEWAY_PART, GATEWAY_PART)
@@ -182,6 +183,23 @@ def build_prometheus_config(spec: Spec, endpoints: Endpoints, rule_file: Path) -
             job("alertmanager", "alertmanager"),
         ],
     }
+
+
+REPLICATED_JOBS = frozenset({GATEWAY_PART, "remediation", "exporters"})
+
+
+def add_receiver_replicas(config: dict[str, Any], urls: Sequence[str]) -> dict[str, Any]:
+    """Alertmanager's config with the remediation receiver's webhook sent to every receiver
+    replica (same token, same options): each replica gets each notification and the job store's
+    idempotency keys make every alert one job, whichever replica records it first."""
+    receivers = []
+    for receiver in config["receivers"]:
+        hooks = receiver.get("webhook_configs")
+        if receiver["name"] == REMEDIATION_RECEIVER and hooks:
+            [hook] = hooks
+            receiver = {**receiver, "webhook_configs": [{**hook, "url": url} for url in urls]}
+        receivers.append(receiver)
+    return {**config, "receivers": receivers}
 
 
 def build_prometheus_configs(
@@ -287,13 +305,17 @@ LOCAL_QUOTAS_FILE = Path(__file__).with_name("local-quotas.yaml")
 
 
 def build_gateway_settings(
-    endpoints: Endpoints, spec_path: Path | None, snapshots_dir: Path | None = None
+    endpoints: Endpoints,
+    spec_path: Path | None,
+    snapshots_dir: Path | None = None,
+    part: str = GATEWAY_PART,
 ) -> dict[str, Any]:
-    """Settings of the gateway: every region's simulator in failover order, and the snapshot
-    registry it stamps each request's `model_version` from (not the upstream's header)."""
+    """Settings of the gateway (or of its replica `part`): every region's simulator in failover
+    order, and the snapshot registry it stamps each request's `model_version` from (not the
+    upstream's header). Replicas share the routing store and the quota buckets in Redis."""
     return {
         "host": endpoints.host,
-        "port": endpoints.ports["gateway"],
+        "port": endpoints.ports[part],
         "redis_url": endpoints.redis_url,
         **_spec_fields(spec_path),
         **({"snapshots_root": str(snapshots_dir)} if snapshots_dir is not None else {}),
@@ -350,17 +372,32 @@ def build_session_sync_settings(endpoints: Endpoints, region: str) -> dict[str, 
     }
 
 
+CANARY_LEASE_TTL_SECONDS = 3.0
+"""The stack's canary lease: short, so a replica takes the canaries over well inside the
+profile's stale guard when the holder dies."""
+
+
 def build_exporter_settings(
-    spec: Spec, endpoints: Endpoints, layout: StackLayout, spec_path: Path | None
+    spec: Spec,
+    endpoints: Endpoints,
+    layout: StackLayout,
+    spec_path: Path | None,
+    part: str = "exporters",
 ) -> dict[str, Any]:
-    """Settings of the exporter process: every probe on, each well inside the stale guard."""
+    """Settings of the exporter process (or of its replica `part`): every probe on, each well
+    inside the stale guard; the canary probes run on the canary lease's holder only."""
     stale = spec.timing.probe_stale_after_seconds
     # A probe's last success must never look stale between two healthy runs.
     fast = min(1.0, stale / 4)
     slow = min(5.0, stale / 3)
     return {
         "host": endpoints.host,
-        "port": endpoints.ports["exporters"],
+        "port": endpoints.ports[part],
+        "canary_lease": {
+            "enabled": True,
+            "ttl_seconds": CANARY_LEASE_TTL_SECONDS,
+            "renew_seconds": CANARY_LEASE_TTL_SECONDS / 6,
+        },
         "redis_url": endpoints.redis_url,
         **_spec_fields(spec_path),
         "log_level": "info",
@@ -482,12 +519,17 @@ def build_playbook_sections(endpoints: Endpoints, layout: StackLayout) -> dict[s
 
 
 def build_remediation_settings(
-    endpoints: Endpoints, layout: StackLayout, spec_path: Path | None, workers: int
+    endpoints: Endpoints,
+    layout: StackLayout,
+    spec_path: Path | None,
+    workers: int,
+    part: str = "remediation",
 ) -> dict[str, Any]:
-    """Settings of the receiver and of the worker process (same file, same registry)."""
+    """Settings of a receiver (`part`: a replica) and of the worker process (same file, same
+    registry); replicas share the job store, the audit chain and its file."""
     return {
         "host": endpoints.host,
-        "port": endpoints.ports["remediation"],
+        "port": endpoints.ports[part],
         "redis_url": endpoints.redis_url,
         **_spec_fields(spec_path),
         "log_level": "info",
@@ -513,6 +555,8 @@ def build_loadgen_settings(
     return {
         "redis_url": endpoints.redis_url,
         "gateway_url": endpoints.client_url,
+        # Further gateway replicas: the load generator sends to each in turn.
+        "more_gateway_urls": endpoints.gateway_urls[1:],
         "rate": rate,
         "seed": seed,
         "adapter": ADAPTER,
@@ -584,15 +628,29 @@ def build_part_commands(
             build_trace_store_settings(endpoints),
         )
     )
-    # Three workers in two processes: jobs keep flowing while one process restarts.
-    receiver = build_remediation_settings(endpoints, layout, spec_path, workers=1)
+    # Three workers in two processes: jobs keep flowing while one process restarts (each
+    # receiver replica runs one more).
     workers = build_remediation_settings(endpoints, layout, spec_path, workers=2)
     if endpoints.has_gateway:
-        gateway = build_gateway_settings(endpoints, spec_path, layout.snapshots_dir)
         tracing = build_tracing_env(endpoints, GATEWAY_SERVICE_NAME)
-        commands.append(command(GATEWAY_PART, ("gateway",), gateway, tracing))
+        commands += [
+            command(
+                part,
+                ("gateway",),
+                build_gateway_settings(endpoints, spec_path, layout.snapshots_dir, part),
+                tracing,
+            )
+            for part in replica_parts(GATEWAY_PART, endpoints.replicas)
+        ]
     commands += [
-        command("remediation", ("remediation",), receiver),
+        *(
+            command(
+                part,
+                ("remediation",),
+                build_remediation_settings(endpoints, layout, spec_path, 1, part),
+            )
+            for part in replica_parts("remediation", endpoints.replicas)
+        ),
         command("remediation-worker", ("remediation", "worker"), workers),
         command("replicator", ("index", "replicate"), build_index_settings(endpoints)),
         command("session-replica", ("sessions", "replica"), build_session_settings(endpoints)),
@@ -614,10 +672,13 @@ def build_part_commands(
             ("index", "write-demo", "--count", "1000000000", "--rate", "5", "--batch", "5"),
             build_index_settings(endpoints),
         ),
-        command(
-            "exporters",
-            ("exporters",),
-            build_exporter_settings(spec, endpoints, layout, spec_path),
+        *(
+            command(
+                part,
+                ("exporters",),
+                build_exporter_settings(spec, endpoints, layout, spec_path, part),
+            )
+            for part in replica_parts("exporters", endpoints.replicas)
         ),
         command("loadgen", ("loadgen",), build_loadgen_settings(endpoints, layout, rate, seed)),
     ]

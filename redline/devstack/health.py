@@ -1,8 +1,9 @@
 """`redline status`: each part's process and health, checked the way it is used.
 
 HTTP parts answer their health endpoint; the index replicator must keep the replica's backlog
-fresh, the session replica its CDC RPO, the writers their streams moving, and the load generator
-its counters; Prometheus reports how many of its scrape targets are up.
+fresh, the session replica its CDC RPO, each CRDT session sync its lag within the RPO with no
+divergent sessions, the writers their streams moving, and the load generator its counters;
+Prometheus reports how many of its scrape targets are up.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ from redline.devstack.layout import (
     REPLICA_INDEX,
     SENTINEL_MASTER,
     SENTINEL_PARTS,
+    SESSION_SYNC_PREFIX,
     StackLayout,
+    replica_base,
 )
 from redline.devstack.loadgen import summarize_stats
 from redline.devstack.parts import part_alive
 from redline.devstack.state import PartState, StackState
 from redline.platform.index import DeltaLog, parse_stream_id
 from redline.platform.prometheus import PrometheusClient, PrometheusError
+from redline.platform.session_sync import CrdtSessionStore, divergent_sessions, measure_sync_lag
 from redline.platform.sessions import (
     DEFAULT_GROUP,
     DEFAULT_STREAM,
@@ -41,6 +45,10 @@ from redline.platform.sessions import (
 )
 
 FRESH_SECONDS = 5.0
+CRDT_WINDOW_SECONDS = 600.0
+CRDT_SETTLE_SECONDS = 1.0
+"""Sessions changed in the last 10 minutes are compared, except those changed within the last
+second (the sync's normal delay), as the stack's session_crdt probe does."""
 CHECK_ERRORS = (httpx.HTTPError, PrometheusError, redis.RedisError, OSError, KeyError, ValueError)
 """A part whose check fails with one of these is unhealthy (and the error is what was seen)."""
 
@@ -112,13 +120,19 @@ class _Checker:
             return answer.status_code == 200, (
                 f"{body['traces']} traces, {body['spans']} spans (keeps {body['max_traces']})"
             )
-        if name == "gateway":
+        base = replica_base(name)
+        if base == "gateway":
             return self.get(f"{url}/healthz").status_code == 200, "healthz 200"
-        if name == "exporters":
+        if base == "exporters":
             body = self.get(f"{url}/healthz").json()
-            ok = body["probes_ok"] == body["probes_total"]
-            return ok, f"{body['probes_ok']}/{body['probes_total']} probes ok"
-        if name == "remediation":
+            # Canary probes another replica runs (it holds the canary lease) are skipped here.
+            skipped = body.get("probes_skipped", 0)
+            ok = body["probes_ok"] + skipped == body["probes_total"]
+            lease = body.get("canary_lease") or {}
+            runner = ", canary runner" if lease.get("held") else ""
+            extra = f", {skipped} skipped (canary lease elsewhere)" if skipped else runner
+            return ok, f"{body['probes_ok']}/{body['probes_total']} probes ok{extra}"
+        if base == "remediation":
             return self.get(f"{url}/readyz").status_code == 200, "ready (Redis reachable)"
         if name == "replicator":
             log = DeltaLog(self.db, COLLECTION, INDEX_DIM)
@@ -137,6 +151,8 @@ class _Checker:
                 client.close()
             limit = self.state.load_spec().rpo.session_state.max_seconds
             return lag.rpo_seconds <= limit, f"CDC RPO {lag.rpo_seconds:.2f} s (max {limit:g})"
+        if name.startswith(SESSION_SYNC_PREFIX):
+            return self._crdt_sync(name.removeprefix(SESSION_SYNC_PREFIX))
         if name == "session-writer":
             return self._stream_fresh(DEFAULT_STREAM, lambda i: stream_id_ms(i) / 1000)
         if name == "index-writer":
@@ -153,6 +169,28 @@ class _Checker:
                 f"{stats['completed']} done, {stats['failed']} failed"
             )
         return True, "running"
+
+    def _crdt_sync(self, region: str) -> tuple[bool, str]:
+        """The sync into `region`: the lag of the other region's deltas against the RPO, and
+        the recent sessions whose states differ between the two regions."""
+        urls = self.state.endpoints().crdt_session_urls
+        source = next(other for other in urls if other != region)
+        clients = {r: open_redis(urls[r], timeout_seconds=2.0) for r in (source, region)}
+        try:
+            stores = {r: CrdtSessionStore(client, r) for r, client in clients.items()}
+            lag = measure_sync_lag(stores[source], stores[region])
+            divergent, compared = divergent_sessions(
+                list(stores.values()), CRDT_WINDOW_SECONDS, CRDT_SETTLE_SECONDS
+            )
+        finally:
+            for client in clients.values():
+                client.close()
+        limit = self.state.load_spec().rpo.session_crdt.max_seconds
+        ok = lag.lag_seconds <= limit and not divergent
+        return ok, (
+            f"lag {source}→{region} {lag.lag_seconds:.2f} s (max {limit:g}), "
+            f"{len(divergent)}/{compared} recent sessions divergent"
+        )
 
     def _stream_fresh(self, key: str, seconds: Callable[[str], float]) -> tuple[bool, str]:
         entries = self.db.xrevrange(key, count=1)

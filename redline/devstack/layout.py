@@ -77,6 +77,11 @@ CONTROL_PLANE_JOBS = ("remediation", "alertmanager")
 control plane runs there); the serving path (gateway, exporters) stays in the first region."""
 
 
+REPLICATED_PARTS = ("gateway", "remediation", "exporters")
+"""Parts `redline up --replicas N` runs N of: `<part>`, `<part>-2`, ... (docs/redis.md)."""
+MAX_REPLICAS = 3
+
+
 class StackConfigError(Exception):
     """The stack cannot be configured as asked (e.g. a spec with one region, a bad port)."""
 
@@ -107,6 +112,32 @@ def check_pods(pods: int) -> None:
     """StackConfigError unless 1 <= pods <= MAX_PODS."""
     if not 1 <= pods <= MAX_PODS:
         raise StackConfigError(f"--pods {pods}: the local stack runs 1 to {MAX_PODS} pods a region")
+
+
+def check_replicas(replicas: int) -> None:
+    """StackConfigError unless 1 <= replicas <= MAX_REPLICAS."""
+    if not 1 <= replicas <= MAX_REPLICAS:
+        raise StackConfigError(
+            f"--replicas {replicas}: the local stack runs 1 to {MAX_REPLICAS} replicas of "
+            f"{', '.join(REPLICATED_PARTS)}"
+        )
+
+
+def replica_part(part: str, index: int) -> str:
+    """The part name of replica `index` (from 0) of a replicated part: `gateway`, `gateway-2`."""
+    return part if index == 0 else f"{part}-{index + 1}"
+
+
+def replica_parts(part: str, replicas: int) -> tuple[str, ...]:
+    """Every replica's part name of a replicated part (the first is the part itself)."""
+    return tuple(replica_part(part, i) for i in range(replicas))
+
+
+def replica_base(name: str) -> str:
+    """The replicated part a replica's name stands for (`gateway-2` -> `gateway`); any other
+    name unchanged."""
+    base, _, number = name.rpartition("-")
+    return base if base in REPLICATED_PARTS and number.isdigit() else name
 
 
 def build_serving_parts(regions: Sequence[str], pods: int) -> tuple[str, ...]:
@@ -164,14 +195,23 @@ def build_session_sync_parts(regions: Sequence[str]) -> tuple[str, ...]:
     return (session_sync_part(second), session_sync_part(first))
 
 
-def _tail_parts(source: str, regions: Sequence[str]) -> tuple[str, ...]:
+def _replicated(parts: Sequence[str], replicas: int) -> tuple[str, ...]:
+    """`parts` with each replicated part followed by its further replicas."""
+    out: list[str] = []
+    for part in parts:
+        out += replica_parts(part, replicas) if part in REPLICATED_PARTS else [part]
+    return tuple(out)
+
+
+def _tail_parts(source: str, regions: Sequence[str], replicas: int = 1) -> tuple[str, ...]:
     tail = TAIL_PARTS if has_gateway(source) else tuple(p for p in TAIL_PARTS if p != GATEWAY_PART)
     at = tail.index("session-writer") + 1
-    return (*tail[:at], *build_session_sync_parts(regions), *tail[at:])
+    return _replicated((*tail[:at], *build_session_sync_parts(regions), *tail[at:]), replicas)
 
 
-def _http_parts(source: str) -> list[str]:
-    return sorted(HTTP_PARTS if has_gateway(source) else HTTP_PARTS - {GATEWAY_PART})
+def _http_parts(source: str, replicas: int = 1) -> list[str]:
+    http = HTTP_PARTS if has_gateway(source) else HTTP_PARTS - {GATEWAY_PART}
+    return sorted(_replicated(sorted(http), replicas))
 
 
 def build_part_names(
@@ -180,10 +220,12 @@ def build_part_names(
     source: str = GATEWAY_SOURCE,
     pods: int = DEFAULT_PODS,
     redis: str = "single",
+    replicas: int = 1,
 ) -> tuple[str, ...]:
     """Every part in start order (stop order is the reverse); no gateway for an engine source."""
     services = (*build_service_parts(prometheus_regions), *build_redis_ha_parts(redis))
-    return (*services, *build_serving_parts(regions, pods), *_tail_parts(source, regions))
+    tail = _tail_parts(source, regions, replicas)
+    return (*services, *build_serving_parts(regions, pods), *tail)
 
 
 def build_ported_parts(
@@ -192,10 +234,12 @@ def build_ported_parts(
     source: str = GATEWAY_SOURCE,
     pods: int = DEFAULT_PODS,
     redis: str = "single",
+    replicas: int = 1,
 ) -> tuple[str, ...]:
     """The parts that listen on a TCP port."""
     services = (*build_service_parts(prometheus_regions), *build_redis_ha_parts(redis))
-    return (*services, *build_serving_parts(regions, pods), *_http_parts(source))
+    http = _http_parts(source, replicas)
+    return (*services, *build_serving_parts(regions, pods), *http)
 
 
 @dataclass(frozen=True)
@@ -323,6 +367,8 @@ class Endpoints:
     each service a loopback address, as compose gives each container one); others on `host`."""
     redis: str = "single"
     """The Redis topology (`single`, `sentinel`): with Sentinels every Redis URL is theirs."""
+    replicas: int = 1
+    """Replicas of the gateway, the receiver and the exporter (`redline up --replicas`)."""
 
     def address(self, part: str) -> str:
         """`host:port` of a part."""
@@ -381,8 +427,27 @@ class Endpoints:
 
     @property
     def receiver_url(self) -> str:
-        """The remediation receiver (base URL)."""
+        """The remediation receiver (base URL; the first replica's)."""
         return self._url("remediation")
+
+    def replica_urls(self, part: str) -> list[str]:
+        """The base URLs of every replica of a replicated part (the part's own first)."""
+        return [self._url(name) for name in replica_parts(part, self.replicas)]
+
+    @property
+    def receiver_urls(self) -> list[str]:
+        """Every receiver replica (Alertmanager notifies each)."""
+        return self.replica_urls("remediation")
+
+    @property
+    def exporters_urls(self) -> list[str]:
+        """Every exporter replica."""
+        return self.replica_urls("exporters")
+
+    @property
+    def gateway_urls(self) -> list[str]:
+        """Every gateway replica (the load generator spreads over them); none without one."""
+        return self.replica_urls(GATEWAY_PART) if self.has_gateway else []
 
     @property
     def has_gateway(self) -> bool:
@@ -466,12 +531,14 @@ def build_endpoints(
     pods: int = DEFAULT_PODS,
     hosts: Mapping[str, str] | None = None,
     redis: str = "single",
+    replicas: int = 1,
 ) -> Endpoints:
     """Endpoints of a run; StackConfigError when a part's port is missing or invalid."""
     check_source(source)
     check_pods(pods)
     check_redis_topology(redis)
-    parts = build_ported_parts(regions, prometheus_regions, source, pods, redis)
+    check_replicas(replicas)
+    parts = build_ported_parts(regions, prometheus_regions, source, pods, redis, replicas)
     missing = [part for part in parts if part not in ports and part not in OPTIONAL_PARTS]
     if missing:
         raise StackConfigError(f"no port chosen for: {', '.join(missing)}")
@@ -485,7 +552,15 @@ def build_endpoints(
     if len(set(shared)) != len(shared):
         raise StackConfigError("two parts were given the same address")
     return Endpoints(
-        host, dict(ports), tuple(regions), tuple(prometheus_regions), source, pods, hosts, redis
+        host,
+        dict(ports),
+        tuple(regions),
+        tuple(prometheus_regions),
+        source,
+        pods,
+        hosts,
+        redis,
+        replicas,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -107,6 +108,9 @@ class LoadgenSettings(ServiceSettings):
     gateway_url: str = Field(
         "http://127.0.0.1:8080",
         description="Base URL requests go to: the gateway, or an engine where none runs.",
+    )
+    more_gateway_urls: tuple[str, ...] = Field(
+        (), description="Further gateway replicas: requests go to each URL in turn."
     )
     rate: PositiveFloat = Field(30.0, description="Requests per second (Poisson arrivals).")
     seed: int = Field(0, description="Seed of the prompt and arrival dice.")
@@ -248,9 +252,11 @@ class LoadGenerator:
         self.rng = random.Random(settings.seed)
         self.stats = LoadStats()
         self._pending_vectors: list[bytes] = []
+        bases = (settings.gateway_url, *settings.more_gateway_urls)
+        self._urls = itertools.cycle([b.rstrip("/") + "/v1/chat/completions" for b in bases])
 
     async def _send(self, client: httpx.AsyncClient, call: ChatCall) -> None:
-        url = self.settings.gateway_url.rstrip("/") + "/v1/chat/completions"
+        url = next(self._urls)
         started = time.perf_counter()
         status, version, region, text = "error", "unknown", "unknown", ""
         try:
@@ -374,7 +380,7 @@ class LoadGenerator:
         log.info(
             "load generator: %.1f req/s to %s (%s %.0f%%, %s)",
             self.settings.rate,
-            self.settings.gateway_url,
+            " ".join((self.settings.gateway_url, *self.settings.more_gateway_urls)),
             self.settings.adapter,
             100 * self.settings.adapter_share,
             self.settings.base_model,

@@ -15,7 +15,7 @@ from pathlib import Path
 from redline.devstack.errors import StackError
 from redline.devstack.fakes.service import HEALTH_PATH as SERVICE_HEALTH_PATH
 from redline.devstack.interrupts import InterruptGuard
-from redline.devstack.layout import SESSION_SYNC_PREFIX
+from redline.devstack.layout import SESSION_SYNC_PREFIX, replica_base
 from redline.devstack.processes import (
     Process,
     ServiceError,
@@ -138,7 +138,9 @@ def spawn_part(
 def _ready_check(part: PartState) -> Callable[[], bool]:
     """Ready: the HTTP parts answer their health path, the others logged their start line (or,
     without one, have stayed up for a second)."""
-    path = READY_PATHS.get(part.name, "/healthz" if part.name.startswith("simulator-") else None)
+    path = READY_PATHS.get(
+        replica_base(part.name), "/healthz" if part.name.startswith("simulator-") else None
+    )
     if part.name.startswith("service-"):
         path = SERVICE_HEALTH_PATH
     marker = LOG_MARKERS.get(part.name)

@@ -451,17 +451,37 @@ def start_prometheus(
 
 
 def start_alertmanager(
-    workdir: Path, config: Path, port: int | None = None, host: str = "127.0.0.1"
+    workdir: Path,
+    config: Path,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    cluster_port: int | None = None,
+    peers: Sequence[str] = (),
 ) -> Service:
-    """Alertmanager with `config`, no gossip cluster, its state in `workdir/data`."""
+    """Alertmanager with `config`, its state in `workdir/data`; no gossip cluster unless
+    `cluster_port` is given (then it gossips there with `peers`, an HA pair's `host:port`s)."""
     binary = find_binary("prometheus-alertmanager", "alertmanager")
     port = port or free_port(host)
+    if cluster_port is None:
+        cluster = ["--cluster.listen-address="]
+    else:
+        gossip = f"{host}:{cluster_port}"
+        cluster = [
+            f"--cluster.listen-address={gossip}",
+            f"--cluster.advertise-address={gossip}",
+            # A peer waits this long per position before it sends what its elders may have
+            # sent: short here, so a test's pair notifies in seconds.
+            "--cluster.peer-timeout=1s",
+            "--cluster.gossip-interval=50ms",
+            "--cluster.pushpull-interval=2s",
+            *(f"--cluster.peer={peer}" for peer in peers),
+        ]
     argv = [
         binary,
         f"--config.file={config}",
         f"--storage.path={workdir / 'data'}",
         f"--web.listen-address={host}:{port}",
-        "--cluster.listen-address=",
+        *cluster,
         "--log.level=warn",
     ]
     log = _service_dir(workdir, "alertmanager")

@@ -21,10 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from redline.core.locks import exclusive_lock
 from redline.dashboards.render import DASHBOARDS_DIR
 from redline.devstack.config import (
     PartCommand,
+    add_receiver_replicas,
     build_part_commands,
     build_prometheus_configs,
     build_stack_spec,
@@ -56,6 +59,7 @@ from redline.devstack.layout import (
     check_pods,
     check_redis_topology,
     check_regions,
+    check_replicas,
     check_source,
 )
 from redline.devstack.multiregion import (
@@ -119,6 +123,9 @@ class UpOptions:
     """`--pods N`: simulator pods per region, behind the region's service front."""
     redis: str = "single"
     """`--redis`: one redis-server, or `sentinel` (a primary, a replica, three Sentinels)."""
+    replicas: int = 1
+    """`--replicas N`: N gateways, receivers and exporters (Alertmanager notifies every
+    receiver, Prometheus scrapes every replica, the load generator spreads over the gateways)."""
 
 
 SERVICE_BINARIES = {
@@ -243,7 +250,14 @@ def write_configs(
     stack_spec = build_stack_spec(spec, endpoints, layout.token_file)
     outputs = build_outputs(stack_spec, source)
     _write(layout.rule_file, outputs[RULES_DIR / RULE_FILE])
-    _write(layout.alertmanager_file, outputs[RULES_DIR / ALERTMANAGER_FILE])
+    alertmanager = outputs[RULES_DIR / ALERTMANAGER_FILE]
+    if endpoints.replicas > 1:
+        config = add_receiver_replicas(
+            yaml.safe_load(alertmanager), [f"{url}/alerts" for url in endpoints.receiver_urls]
+        )
+        header = "".join(line + "\n" for line in alertmanager.splitlines() if line.startswith("#"))
+        alertmanager = header + yaml.safe_dump(config, sort_keys=False)
+    _write(layout.alertmanager_file, alertmanager)
     for path, text in outputs.items():
         if path.parent == DASHBOARDS_DIR:
             _write(layout.dashboards_dir / path.name, text)
@@ -378,6 +392,7 @@ def start_stack(
     try:
         check_pods(options.pods)
         check_redis_topology(options.redis)
+        check_replicas(options.replicas)
     except StackConfigError as exc:
         raise StackError(str(exc)) from None
     check_binaries()
@@ -388,7 +403,7 @@ def start_stack(
     with run_dir_lock(layout):
         prepare_run_dir(layout, say)
         parts = build_ported_parts(
-            spec.regions, prometheus_regions, source, options.pods, options.redis
+            spec.regions, prometheus_regions, source, options.pods, options.redis, options.replicas
         )
         ports = choose_ports(parts, options.ports)
         endpoints = build_endpoints(
@@ -398,6 +413,7 @@ def start_stack(
             source=source,
             pods=options.pods,
             redis=options.redis,
+            replicas=options.replicas,
         )
         spec_path = options.spec_path.resolve() if options.spec_path else None
         commands = build_part_commands(
@@ -417,6 +433,7 @@ def start_stack(
             source=source,
             pods=options.pods,
             redis=options.redis,
+            replicas=options.replicas,
             ports=ports,
             rate=options.rate,
             seed=options.seed,

@@ -84,6 +84,11 @@ class StackState(BaseModel):
         description="Redis topology: one server, or a primary, a replica and three Sentinels "
         "(`redline up --redis sentinel`).",
     )
+    replicas: int = Field(
+        1,
+        description="Replicas of the gateway, the receiver and the exporter "
+        "(`redline up --replicas`).",
+    )
     ports: dict[str, int]
     hosts: dict[str, str] = Field(
         default_factory=dict,
@@ -110,6 +115,7 @@ class StackState(BaseModel):
             self.pods,
             self.hosts,
             self.redis,
+            self.replicas,
         )
 
     def layout(self) -> StackLayout:
@@ -164,9 +170,17 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
     """(what, where) lines `redline up` prints."""
     e = state.endpoints()
     layout = state.layout()
+
+    def numbered(index: int) -> str:
+        return f" {index + 1}" if e.replicas > 1 else ""
+
     regional = [(f"Prometheus {r}", e.regional_prometheus_url(r)) for r in e.prometheus_regions]
     if e.has_gateway:
-        serving = [("Gateway (OpenAI API)", f"{e.gateway_url}/v1/chat/completions")]
+        serving = [
+            (f"Gateway {i + 1} (OpenAI API)" if e.replicas > 1 else "Gateway (OpenAI API)",
+             f"{url}/v1/chat/completions")
+            for i, url in enumerate(e.gateway_urls)
+        ]  # fmt: skip
         pod_extra = "/admin/faults"
     else:
         serving = [("Clients send to (OpenAI API)", f"{e.client_url}/v1/chat/completions")]
@@ -187,9 +201,12 @@ def describe_urls(state: StackState) -> list[tuple[str, str]]:
         ("Prometheus (global)" if e.federated else "Prometheus", e.prometheus_url),
         *regional,
         ("Alertmanager", e.alertmanager_url),
-        ("Remediation receiver", f"{e.receiver_url}  (POST /alerts, GET /jobs)"),
+        *[
+            (f"Remediation receiver{numbered(i)}", f"{url}  (POST /alerts, GET /jobs)")
+            for i, url in enumerate(e.receiver_urls)
+        ],
         *serving,
-        ("Exporters", f"{e.exporters_url}/metrics"),
+        *[(f"Exporters{numbered(i)}", f"{url}/metrics") for i, url in enumerate(e.exporters_urls)],
         *tracing,
         *simulators,
         ("Redis (Sentinels: primary, replica)" if e.sentinel else "Redis", e.redis_url),

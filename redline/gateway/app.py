@@ -13,6 +13,11 @@ with `admin_open` it takes none (a WARNING at start-up); with neither it answers
 to configure one. `/healthz`, `/metrics` and the proxied routes are never guarded, and the
 check is not on the proxy's path.
 
+Redis is on a request's path only for the quotas (`on_store_error`: fail_open or a 503) and the
+spot ledger (a resumed or not-retry-safe request: 503); every 503 carries `Retry-After`, and an
+error of a Redis failing over that escapes a route is a 503 with `Retry-After` too, never a 500
+(`redline.core.failover`).
+
 No `_created` series are exposed unless `created_series`: prometheus-client's switch for them is
 process-wide and read at every scrape, so building the app sets it for the whole process (one
 gateway per process; the last app built decides for every registry).
@@ -34,6 +39,7 @@ from prometheus_client.exposition import choose_encoder
 from pydantic import BaseModel, ValidationError
 
 from redline.core.created import apply_created_series
+from redline.core.failover import install_failover_handlers
 from redline.gateway.intent import IntentConfigError
 from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.proxy import Gateway, openai_error
@@ -83,6 +89,12 @@ async def _parse_admin(request: Request, model: type[_M]) -> _M | Response:
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
         )
         return openai_error(422, problems, "BadRequestError")
+
+
+def _failover_body(message: str) -> dict[str, Any]:
+    """An OpenAI-shaped 503 body (what `openai_error` writes)."""
+    return {"error": {"message": message, "type": "ServiceUnavailableError", "param": None,
+                      "code": 503}}  # fmt: skip
 
 
 def build_gateway_app(
@@ -219,5 +231,7 @@ def build_gateway_app(
 
     # Last: the proxied routes are matched first, so the admin router costs them nothing.
     app.include_router(admin)
+    # Redis failing over never shows as a 500: 503 + Retry-After (no cost until it happens).
+    install_failover_handlers(app, _failover_body, "gateway")
 
     return app

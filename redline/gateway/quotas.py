@@ -43,7 +43,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from redline.core.redisconn import open_async_redis
+from redline.core.redisconn import is_cluster, open_async_redis
 from redline.gateway.intent import IntentClassifier, load_classifier
 from redline.gateway.metrics import build_series
 from redline.gateway.resp import RespConnection, RespError, lean_url
@@ -215,7 +215,8 @@ class TokenBuckets:
             try:
                 return await self._evalsha_once(*args)
             except (redis.exceptions.NoScriptError, RespError) as exc:
-                if "NOSCRIPT" not in str(exc):
+                # redis-py's NoScriptError is NOSCRIPT without the code in its message
+                if isinstance(exc, RespError) and "NOSCRIPT" not in str(exc):
                     raise
                 self.script.sha = await self.client.script_load(BUCKET_SCRIPT)
                 return await self._evalsha_once(*args)
@@ -232,7 +233,9 @@ class TokenBuckets:
     async def adjust_many(self, adjustments: list[tuple[str, float, float, float]]) -> list[float]:
         """Add each (key, rate, capacity, amount)'s amount (negative: charge), capped at
         capacity, all sent at once (pipelined); the levels after, in order."""
-        if self.lean is not None:  # pipelined on the lean connection: one wait for all
+        if self.lean is not None or is_cluster(self.client):
+            # Pipelined on the lean connection: one wait for all. A Cluster pipeline refuses
+            # scripts by name: concurrent calls on the pool instead (each bucket its own slot).
             calls = [self._adjust_lean(*adjustment) for adjustment in adjustments]
             return list(await asyncio.gather(*calls))
         try:

@@ -7,13 +7,18 @@ the rule file (with the spec's timing profile applied), and one settings file pe
 service, each pointing at the compose services by their host names. With `demo` the upstreams
 are the simulators and the demo writers run (the `demo` compose profile); otherwise every region
 names its real OpenAI-compatible upstream and the index names its real Milvus pair.
+
+With `redis="sentinel"` the `ha` compose profile runs a replica of `redis` and three Sentinels
+(their config files are written here): every service then reaches Redis through the Sentinels
+(`redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/redline/<db>`) and
+follows a failover.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -53,6 +58,20 @@ DEMO_DIM = 128
 PRIMARY_INDEX = "primary"
 REPLICA_INDEX = "replica"
 HEADER = "# Written by `redline compose init`; run it again after changing the spec.\n"
+RedisTopology = Literal["single", "sentinel"]
+REDIS_TOPOLOGIES: tuple[RedisTopology, ...] = ("single", "sentinel")
+HA_PROFILE = "ha"
+"""The compose profile of the replica and the Sentinels."""
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+"""The compose file's Sentinel services (quorum 2 of 3)."""
+SENTINEL_PORT = 26379
+SENTINEL_MASTER = "redline"
+"""The master name the Sentinels monitor (the same as `redline up --redis sentinel`)."""
+SENTINEL_QUORUM = 2
+SENTINEL_DOWN_AFTER_MS = 5000
+"""How long the primary must be unreachable before a Sentinel calls it down: long enough for a
+container restart not to cause a failover, short enough to bound the 503s of a real one."""
+SENTINEL_FAILOVER_TIMEOUT_MS = 60000
 
 
 class ComposeConfigError(Exception):
@@ -77,11 +96,45 @@ class ComposeOptions:
     dim: int = DEMO_DIM
     profile: str | None = None
     """The spec's timing profile (`local`: drills close their loop in seconds)."""
+    redis: RedisTopology = "single"
+    """`single`: the one `redis` service; `sentinel`: + a replica and three Sentinels (`ha`)."""
 
     @property
     def compose_profiles(self) -> tuple[str, ...]:
-        """The compose profiles this installation runs."""
-        return DEMO_PROFILES if self.demo else ()
+        """The compose profiles this installation runs (sorted, as compose/.env lists them)."""
+        profiles = (*(DEMO_PROFILES if self.demo else ()), *self.redis_profiles)
+        return tuple(sorted(profiles))
+
+    @property
+    def redis_profiles(self) -> tuple[str, ...]:
+        """The profiles of the Redis topology."""
+        return (HA_PROFILE,) if self.redis == "sentinel" else ()
+
+
+def redis_url(options: ComposeOptions, database: int = 0) -> str:
+    """The Redis URL every service uses: the `redis` service, or its Sentinels."""
+    if options.redis == "sentinel":
+        hosts = ",".join(f"{name}:{SENTINEL_PORT}" for name in SENTINELS)
+        return f"redis+sentinel://{hosts}/{SENTINEL_MASTER}/{database}"
+    return compose_url("redis", "redis", database=database)
+
+
+def render_sentinel_config(announce: str) -> str:
+    """The config a Sentinel starts from (it rewrites its own copy): monitor `redis` by its
+    service name, announce itself by its own, so container restarts (new IPs) change nothing."""
+    lines = [
+        f"port {SENTINEL_PORT}",
+        "dir /data",
+        # Names, not IPs: before `monitor`, which names the primary by its service name.
+        "sentinel resolve-hostnames yes",
+        "sentinel announce-hostnames yes",
+        f"sentinel announce-ip {announce}",
+        f"sentinel monitor {SENTINEL_MASTER} redis {SERVICE_PORTS['redis']} {SENTINEL_QUORUM}",
+        f"sentinel down-after-milliseconds {SENTINEL_MASTER} {SENTINEL_DOWN_AFTER_MS}",
+        f"sentinel failover-timeout {SENTINEL_MASTER} {SENTINEL_FAILOVER_TIMEOUT_MS}",
+        f"sentinel parallel-syncs {SENTINEL_MASTER} 1",
+    ]
+    return HEADER + "\n".join(lines) + "\n"
 
 
 def build_upstreams(spec: Spec, options: ComposeOptions) -> dict[str, str]:
@@ -109,12 +162,12 @@ def build_upstreams(spec: Spec, options: ComposeOptions) -> dict[str, str]:
     return {region: options.upstreams[region] for region in spec.regions}
 
 
-def _service(name: str) -> dict[str, Any]:
+def _service(name: str, options: ComposeOptions) -> dict[str, Any]:
     """The fields every redline service shares: where it listens, Redis, the spec."""
     return {
         "host": "0.0.0.0",
         "port": SERVICE_PORTS[name],
-        "redis_url": compose_url("redis", "redis"),
+        "redis_url": redis_url(options),
         "spec": f"{CONTAINER_CONFIG}/spec.yaml",
         "log_level": "info",
     }
@@ -138,7 +191,7 @@ def _index_targets(options: ComposeOptions) -> dict[str, Any]:
 def build_gateway_settings(upstreams: Mapping[str, str], options: ComposeOptions) -> dict[str, Any]:
     """The gateway: the regions' upstreams in failover order, admin behind the admin token."""
     return {
-        **_service("gateway"),
+        **_service("gateway", options),
         **_profiled(options),
         "upstreams": dict(upstreams),
         "snapshots_root": SNAPSHOTS_DIR,
@@ -153,7 +206,7 @@ def build_exporter_settings(
     region = spec.regions[0]
     model = options.model or (DEMO_MODEL if options.demo else None)
     return {
-        **_service("exporters"),
+        **_service("exporters", options),
         **_profiled(options),
         "models": {"root": SNAPSHOTS_DIR},
         "endpoints": {"upstreams": dict(upstreams), **({"model": model} if model else {})},
@@ -162,7 +215,7 @@ def build_exporter_settings(
             **({"models": [model]} if model else {}),
         },
         "index_staleness": {**_index_targets(options), "region": region},
-        "keepalive": {"replica_url": compose_url("redis", "redis", database=1)},
+        "keepalive": {"replica_url": redis_url(options, database=1)},
         # Drift needs a reference set of embeddings: mount one and enable it (docs/compose.md).
         "drift": {"enabled": False},
     }
@@ -175,7 +228,7 @@ def build_remediation_settings(
     pods = {region: {"urls": list(urls)} for region, urls in options.pods.items()}
     fast = {"hold_down_seconds": 3.0, "restore_for_seconds": 5.0} if options.demo else {}
     return {
-        **_service("remediation"),
+        **_service("remediation", options),
         **_profiled(options),
         "token_file": f"{CONTAINER_SECRETS}/webhook-token",
         "audit_file": f"{DATA_DIR}/audit/audit.jsonl",
@@ -188,7 +241,7 @@ def build_remediation_settings(
         },
         "rollback": {"snapshot_root": SNAPSHOTS_DIR},
         "vector_index": {
-            "redis_url": compose_url("redis", "redis"),
+            "redis_url": redis_url(options),
             "collections": {
                 options.collection: {
                     key: value
@@ -202,20 +255,22 @@ def build_remediation_settings(
 
 
 def build_index_settings(spec: Spec, options: ComposeOptions) -> dict[str, Any]:
-    """The index replicator (and the demo writer): the delta log and the Milvus pair."""
+    """The index replicator (and the demo writer): the delta log and the Milvus pair; the spec,
+    for its `redis.min_replicas_ack` (an acknowledged write waits for the replica)."""
     return {
-        "redis_url": compose_url("redis", "redis"),
+        "redis_url": redis_url(options),
+        "spec": f"{CONTAINER_CONFIG}/spec.yaml",
         **_index_targets(options),
         "region": spec.regions[0],
         "log_level": "info",
     }
 
 
-def build_session_settings() -> dict[str, Any]:
+def build_session_settings(options: ComposeOptions) -> dict[str, Any]:
     """The session CDC consumer (and the demo writer): primary db 0, replica db 1."""
     return {
-        "redis_url": compose_url("redis", "redis"),
-        "replica_url": compose_url("redis", "redis", database=1),
+        "redis_url": redis_url(options),
+        "replica_url": redis_url(options, database=1),
         "log_level": "info",
     }
 
@@ -231,10 +286,10 @@ def build_simulator_settings(region: str, name: str) -> dict[str, Any]:
     }
 
 
-def build_loadgen_settings() -> dict[str, Any]:
+def build_loadgen_settings(options: ComposeOptions) -> dict[str, Any]:
     """The demo's chat traffic through the gateway (base model: the demo loads no adapter)."""
     return {
-        "redis_url": compose_url("redis", "redis"),
+        "redis_url": redis_url(options),
         "gateway_url": compose_url("gateway"),
         "rate": 20.0,
         "base_model": DEMO_MODEL,
@@ -270,13 +325,16 @@ def build_compose_config(spec: Spec, spec_text: str, options: ComposeOptions) ->
         "exporters.yml": render_settings(build_exporter_settings(spec, upstreams, options)),
         "remediation.yml": render_settings(build_remediation_settings(upstreams, options)),
         "index.yml": render_settings(build_index_settings(spec, options)),
-        "sessions.yml": render_settings(build_session_settings()),
+        "sessions.yml": render_settings(build_session_settings(options)),
         f"../{ENV_FILE}": render_env(options),
     }
     if options.demo:
         for region, name in zip(spec.regions, DEMO_SIMULATORS, strict=False):
             files[f"{name}.yml"] = render_settings(build_simulator_settings(region, name))
-        files["loadgen.yml"] = render_settings(build_loadgen_settings())
+        files["loadgen.yml"] = render_settings(build_loadgen_settings(options))
+    if options.redis == "sentinel":
+        for name in SENTINELS:
+            files[f"{name}.conf"] = render_sentinel_config(name)
     return files
 
 
@@ -285,6 +343,10 @@ __all__ = [
     "ComposeConfigError",
     "ComposeOptions",
     "ENV_FILE",
+    "REDIS_TOPOLOGIES",
+    "SENTINELS",
+    "redis_url",
+    "render_sentinel_config",
     "SECRETS",
     "SECRETS_DIR",
     "build_compose_config",

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from redline.dashboards.render import build_dashboard_outputs
+from redline.generate.kube_redis import build_redis_sentinel_outputs
 from redline.generate.kubernetes import build_kubernetes_outputs
 from redline.rules.alertmanager import build_alertmanager_config, build_prometheus_rule
 from redline.rules.build import build_rule_groups, build_rule_tests
@@ -31,6 +32,7 @@ def build_outputs(spec: Spec, source: str) -> dict[Path, str]:
         RULES_DIR / PROMETHEUS_RULE_FILE: render_yaml(build_prometheus_rule(spec, groups), source),
         **build_dashboard_outputs(spec, source),
         **build_kubernetes_outputs(spec, source),
+        **build_redis_sentinel_outputs(source),
     }
 
 

@@ -2,12 +2,14 @@
 
 The reroute playbook writes here (`RoutingStore`, sync); the gateway reads here
 (`AsyncRoutingReader`, one MGET per refresh) and caches the result, so Redis is never on a
-request's path. Keys, under a prefix (default `redline:routing`):
+request's path. Keys, under a prefix (default `redline:routing`) made a hash tag (`{<prefix>}`,
+unless it holds one already) so the one MGET also runs on a Redis Cluster (one slot); earlier
+releases used the untagged `<prefix>:...` (docs/redis.md):
 
-- `<prefix>:override` — JSON `{"target_region", "reason", "set_at", "ttl_seconds"}`; an optional
+- `{<prefix>}:override` — JSON `{"target_region", "reason", "set_at", "ttl_seconds"}`; an optional
   Redis expiry makes the override lapse by itself. While present, the gateway routes to
   `target_region` first and then the configured order.
-- `<prefix>:admission:<region>` — JSON `{"reason", "closed_at"}`; present means the region's
+- `{<prefix>}:admission:<region>` — JSON `{"reason", "closed_at"}`; present means the region's
   admission is closed (e.g. a spot node is draining): the gateway tries it only after every open
   region has failed.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 import redis
 import redis.asyncio
 
-from redline.core.redisconn import open_async_redis, open_redis
+from redline.core.redisconn import hash_tagged, open_async_redis, open_redis
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,16 @@ class RoutingState:
 
     override: RoutingOverride | None = None
     closed: frozenset[str] = field(default_factory=frozenset)
+
+
+def override_key(prefix: str) -> str:
+    """Redis key of the override under `prefix` (hash-tagged, like every routing key)."""
+    return f"{hash_tagged(prefix)}:override"
+
+
+def admission_key(prefix: str, region: str) -> str:
+    """Redis key of a region's admission flag under `prefix` (same slot as the override)."""
+    return f"{hash_tagged(prefix)}:admission:{region}"
 
 
 def _check_region(region: str, regions: Sequence[str] | None) -> None:
@@ -164,11 +176,11 @@ class RoutingStore:
     @property
     def override_key(self) -> str:
         """Redis key of the override."""
-        return f"{self.prefix}:override"
+        return override_key(self.prefix)
 
     def admission_key(self, region: str) -> str:
         """Redis key of a region's admission flag."""
-        return f"{self.prefix}:admission:{region}"
+        return admission_key(self.prefix, region)
 
     def set_override(
         self, target_region: str, reason: str, ttl_seconds: float | None = None
@@ -249,7 +261,7 @@ class AsyncRoutingReader:
 
     async def fetch_state(self, regions: Sequence[str]) -> RoutingState:
         """Override and closed regions among `regions`; raises redis errors when Redis is down."""
-        keys = [f"{self.prefix}:override", *(f"{self.prefix}:admission:{r}" for r in regions)]
+        keys = [override_key(self.prefix), *(admission_key(self.prefix, r) for r in regions)]
         raws = await self.client.mget(keys)
         return _state(regions, raws)
 

@@ -34,6 +34,7 @@ from typing import Any
 import redis
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
+from redline.core.redisconn import execute_scripted, queue_script
 from redline.core.settings import ServiceSettings
 from redline.platform import crdt
 from redline.platform.sessions import (
@@ -315,11 +316,13 @@ class CrdtSessionStore:
         return str(self._digest(keys=[self.layout.state_key(session_id)]))
 
     def digests(self, session_ids: Sequence[str]) -> list[str]:
-        """Digests of many sessions in one round trip."""
-        with self.client.pipeline(transaction=False) as pipe:
+        """Digests of many sessions in one round trip (one per node on a Cluster)."""
+
+        def fill(pipe: Any) -> None:
             for session_id in session_ids:
-                self._digest(keys=[self.layout.state_key(session_id)], client=pipe)
-            return [str(d) for d in pipe.execute()]
+                queue_script(pipe, self._digest, [self.layout.state_key(session_id)], [])
+
+        return [str(d) for d in execute_scripted(self.client, fill, [self._digest])]
 
     def recent_sessions(self, since_ms: float, limit: int) -> dict[str, float]:
         """Sessions changed since `since_ms` (newest first, at most `limit`): id -> ms."""

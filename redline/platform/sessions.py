@@ -8,7 +8,8 @@ the age of the oldest entry the group has not ACKed, pending or not yet delivere
 carry the server's millisecond clock, so the age needs no scan and no payload.
 
 Redis Cluster: the writer's script touches the session key, the stream and the write record, so
-give them one hash tag (e.g. prefix `{sess}:ctx:`, stream `{sess}:cdc`) there.
+give them one hash tag (e.g. prefix `{sess}:ctx:`, stream `{sess}:cdc`, written `{sess}:written`)
+there; the writer refuses a layout whose keys would not share a slot on a Cluster client.
 """
 
 from __future__ import annotations
@@ -17,16 +18,19 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, cast
 
 import redis
+import redis.cluster
 from pydantic import Field, PositiveFloat
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.retry import Retry
 
+from redline.core.redisconn import has_hash_tag, is_cluster
 from redline.core.redisconn import open_redis as _open_redis
 from redline.core.settings import ServiceSettings
 
@@ -122,6 +126,22 @@ return id
 """
 
 
+def check_cluster_layout(layout: SessionLayout) -> None:
+    """SessionStoreError unless every session key, the stream and the write record share one
+    Redis Cluster slot (the writer's script touches the three together)."""
+    keys = [layout.stream, layout.written_key]
+    slots = {key_slot(key.encode()) for key in keys}
+    if (
+        not has_hash_tag(layout.key_prefix)
+        or len(slots | {key_slot(layout.key_for("s").encode())}) > 1
+    ):
+        raise SessionStoreError(
+            "on a Redis Cluster the session key prefix, CDC stream and written key must share "
+            f"one hash tag (got {layout.key_prefix!r}, {layout.stream!r}, "
+            f"{layout.written_key!r}): e.g. {{session}}:ctx:, {{session}}:cdc, {{session}}:written"
+        )
+
+
 class SessionWriter:
     """Writes session context with a TTL and appends each change to the CDC stream, atomically.
 
@@ -146,6 +166,8 @@ class SessionWriter:
             )
         self.client = client
         self.layout = layout or SessionLayout()
+        if is_cluster(client):
+            check_cluster_layout(self.layout)
         self.ttl_seconds = ttl_seconds
         self.record_retention_seconds = record_retention_seconds
         self._write = client.register_script(_WRITE_SCRIPT)
@@ -217,6 +239,17 @@ def _group_info(groups: Any, stream: str, group: str) -> dict[str, Any]:
     )
 
 
+def _replies(*calls: Callable[[], Any]) -> list[Any]:
+    """Each call's reply, or the ResponseError it raised (as a pipeline's raise_on_error=False)."""
+    replies: list[Any] = []
+    for call in calls:
+        try:
+            replies.append(call())
+        except redis.ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
 def measure_cdc_rpo(client: redis.Redis, stream: str, group: str) -> CdcLag:
     """Age of the oldest entry `group` has not ACKed on `stream` (0 when all are ACKed).
 
@@ -224,11 +257,22 @@ def measure_cdc_rpo(client: redis.Redis, stream: str, group: str) -> CdcLag:
     not yet delivered start right after the group's last-delivered-id (XINFO GROUPS), of which
     XRANGE with COUNT 1 reads only the first. Ages use Redis's clock, the one the ids carry.
     """
-    with client.pipeline(transaction=True) as pipe:
-        pipe.time()
-        pipe.xinfo_groups(stream)
-        pipe.xpending(stream, group)
-        now_raw, groups, pending_raw = pipe.execute(raise_on_error=False)
+    if is_cluster(client):
+        # A Cluster pipeline refuses TIME (and skips the reply parsers inside MULTI): the
+        # clock of the stream's own node, then the reads; an entry added in between is younger
+        # than that clock, so the age can only come out low by that gap, never negative.
+        cluster = cast(redis.cluster.RedisCluster, client)
+        node = cluster.get_node_from_key(stream)  # type: ignore[no-untyped-call]
+        now_raw = cluster.time(target_nodes=node)
+        groups, pending_raw = _replies(
+            lambda: client.xinfo_groups(stream), lambda: client.xpending(stream, group)
+        )
+    else:
+        with client.pipeline(transaction=True) as pipe:
+            pipe.time()
+            pipe.xinfo_groups(stream)
+            pipe.xpending(stream, group)
+            now_raw, groups, pending_raw = pipe.execute(raise_on_error=False)
     if isinstance(now_raw, Exception):
         raise now_raw
     now_ms = int(now_raw[0]) * 1000 + int(now_raw[1]) // 1000

@@ -10,7 +10,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
-PROFILES = ("demo", "milvus", "longterm")
+PROFILES = ("demo", "milvus", "longterm", "ha")
 
 
 def load_compose() -> dict[str, Any]:

@@ -6,7 +6,9 @@ then every active service (its profiles as compose/.env selects them) starts in 
 - a redline service runs its exact `command` with the installed `redline` (the image's
   entrypoint), its `environment`, and its mounted config files;
 - Redis, Prometheus and Alertmanager run as the Debian binaries with the compose command's
-  flags, Milvus as Milvus Lite (no etcd or MinIO needed);
+  flags, Milvus as Milvus Lite (no etcd or MinIO needed); a Sentinel (`--sentinel` in its
+  command) as `redis-server <its config> --sentinel`, its config seeded from the mounted
+  template into its volume, as the container's command does;
 - Grafana, Thanos, MinIO and etcd have no local binary: they are listed as not run, and the test
   checks that list, so a service added to the file cannot slip through unrun.
 
@@ -15,7 +17,10 @@ each service gets a loopback address of its own (127.X.Y.n), so its container po
 they are; a service name followed by a port (`redis:6379`) becomes that address; `0.0.0.0`,
 `127.0.0.1` and `localhost` inside a service become its own address; a container path under a
 mount (`/etc/redline/...`, `/run/secrets/...`, a named volume, the image's home) becomes the
-host directory standing for it. Mounted files are copied with the same rewriting. A service is
+host directory standing for it; for Redis and its Sentinels, whose commands and config files
+name hosts without a port (`--replicaof redis 6379`, `sentinel monitor redline redis 6379 2`),
+a service name standing as a word of its own becomes that address too. Mounted files are copied
+with the same rewriting. A service is
 ready when its own compose healthcheck passes (redline's run as written, with the installed
 Python and CLI); Debian's services by their HTTP readiness or a PING.
 """
@@ -30,7 +35,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +61,9 @@ IMAGE_HOME = "/var/lib/redline"
 NOT_RUNNABLE = ("grafana/", "quay.io/thanos/", "minio/", "quay.io/coreos/etcd", "jaegertracing/")
 """Images with no local binary: their services are reported as not run."""
 READY_TIMEOUT = 90.0
+SENTINEL_PORT = 26379
+SENTINEL_TEMPLATE = "/etc/redis/sentinel.conf"
+"""Where a Sentinel's container finds its config template (copied to /data on first start)."""
 
 
 class ComposeRunError(Exception):
@@ -132,12 +140,17 @@ class Rewriter:
     addresses: Mapping[str, str]
     paths: Mapping[str, Path]
     """Container path -> host path (longest first when applied)."""
+    words: bool = False
+    """Also a service name standing alone as a word (Redis' `--replicaof redis 6379`)."""
 
     def __call__(self, text: str) -> str:
         names = sorted(self.addresses, key=len, reverse=True)
         if names:
             hosts = r"(?<![\w.-])(" + "|".join(map(re.escape, names)) + r")(?=:\d)"
             text = re.sub(hosts, lambda m: self.addresses[m.group(1)], text)
+        if names and self.words:
+            alone = r"(?<![\w./:-])(" + "|".join(map(re.escape, names)) + r")(?![\w./:-])"
+            text = re.sub(alone, lambda m: self.addresses[m.group(1)], text)
         text = re.sub(
             r"(?<![\w.])(0\.0\.0\.0|127\.0\.0\.1|localhost)(?![\w.])", self.own_address, text
         )
@@ -170,9 +183,9 @@ class ComposeRun:
             service.stop(15.0)
 
 
-def prepare(root: Path) -> tuple[Path, dict[str, str]]:
+def prepare(root: Path, init_args: Sequence[str] = ()) -> tuple[Path, dict[str, str]]:
     """A copy of compose/ (the repo's other folders linked beside it), configured by the real
-    `redline compose init --demo`; returns the copy and the variables of its .env."""
+    `redline compose init --demo` (and `init_args`); returns the copy and its .env variables."""
     compose_dir = root / "compose"
     shutil.copytree(
         COMPOSE, compose_dir, ignore=shutil.ignore_patterns("config", "secrets", ".env")
@@ -180,7 +193,7 @@ def prepare(root: Path) -> tuple[Path, dict[str, str]]:
     for sibling in ("dashboards", "rules", "slo"):
         (root / sibling).symlink_to(ROOT / sibling)
     init = subprocess.run(
-        [REDLINE, "compose", "init", "--dir", str(compose_dir), "--demo"],
+        [REDLINE, "compose", "init", "--dir", str(compose_dir), "--demo", *init_args],
         capture_output=True,
         text=True,
         check=False,
@@ -254,6 +267,11 @@ def _argv(service: Mapping[str, Any], address: str, volumes: Mapping[str, Path])
     command = [str(word) for word in service.get("command", [])]
     if image.startswith("redline:"):
         return [REDLINE, *command]
+    if image.startswith("redis:") and is_sentinel(service):
+        # The container copies its template to /data and runs it there (Sentinel rewrites it).
+        config = str(volumes["/data"] / "sentinel.conf")
+        return [find_binary("redis-server"), config, "--sentinel", "--bind", address,
+                "--port", str(SENTINEL_PORT)]  # fmt: skip
     if image.startswith("redis:"):
         # The image's WORKDIR /data (a volume) is where redis-server keeps its AOF.
         return [find_binary("redis-server"), *command[1:], "--bind", address, "--port", "6379",
@@ -290,9 +308,16 @@ def _healthcheck(service: Mapping[str, Any], rewrite: Callable[[str], str]) -> C
     raise ComposeRunError(f"no local readiness check for image {image}")
 
 
-def _redis_ready(address: str) -> Callable[[], bool]:
+def is_sentinel(service: Mapping[str, Any]) -> bool:
+    """A Redis image run as a Sentinel (`--sentinel` in its command)."""
+    return str(service["image"]).startswith("redis:") and "--sentinel" in " ".join(
+        map(str, service.get("command", []))
+    )
+
+
+def _redis_ready(address: str, port: int = 6379) -> Callable[[], bool]:
     def ping() -> bool:
-        with socket.create_connection((address, 6379), timeout=0.5) as sock:
+        with socket.create_connection((address, port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
             return sock.recv(16).startswith(b"+PONG")
 
@@ -317,17 +342,23 @@ def start(run: ComposeRun, name: str) -> None:
     argv = _argv(service, address, direct)
     mounts_dir = workdir / "mounts"
     paths = {**direct, **{target: mounts_dir / target.lstrip("/") for target in binds}}
-    rewrite = Rewriter(address, run.addresses, paths)
+    image: str = service["image"]
+    rewrite = Rewriter(address, run.addresses, paths, words=image.startswith("redis:"))
     for target, source in binds.items():
         _copy_rewritten(source, paths[target], rewrite)
+    if is_sentinel(service):
+        seeded = direct["/data"] / "sentinel.conf"
+        if not seeded.exists():  # `[ -f /data/sentinel.conf ] || cp ...`, as the container
+            shutil.copyfile(paths[SENTINEL_TEMPLATE], seeded)
     argv = [argv[0], *(rewrite(arg) for arg in argv[1:])]
     environment = service.get("environment", {})
     if isinstance(environment, list):
         environment = dict(item.split("=", 1) for item in environment)
     env = {**os.environ, **{k: rewrite(str(v)) for k, v in environment.items()}}
     env["HOME"] = str(direct.get(IMAGE_HOME, workdir))
-    image: str = service["image"]
-    if image.startswith("redis:"):
+    if is_sentinel(service):
+        ready = _redis_ready(address, SENTINEL_PORT)
+    elif image.startswith("redis:"):
         ready = _redis_ready(address)
     elif image.startswith("milvusdb/"):
         ready = _tcp_ready(address, 19530)
@@ -366,10 +397,33 @@ def _quiet(check: Callable[[], bool]) -> Callable[[], bool]:
     return run
 
 
-def run_compose(root: Path) -> Iterator[ComposeRun]:
-    """Configure, start every active service in order, yield the run, stop everything."""
-    compose_dir, env = prepare(root)
+def with_dependencies(
+    services: Mapping[str, Mapping[str, Any]], wanted: Collection[str]
+) -> set[str]:
+    """`wanted` and everything they depend on, transitively (among `services`)."""
+    found: set[str] = set()
+    todo = [name for name in wanted if name in services]
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += [d for d in services[name].get("depends_on", {}) if d in services]
+    return found
+
+
+def run_compose(
+    root: Path, init_args: Sequence[str] = (), only: Collection[str] | None = None
+) -> Iterator[ComposeRun]:
+    """Configure (`redline compose init --demo` + `init_args`), start every active service in
+    order (or only those of `only` and their dependencies), yield the run, stop everything."""
+    compose_dir, env = prepare(root, init_args)
     services = active_services(compose_dir, {**os.environ, **env})
+    if only is not None:
+        missing = set(only) - set(services)
+        if missing:
+            raise ComposeRunError(f"not active services: {', '.join(sorted(missing))}")
+        keep = with_dependencies(services, only)
+        services = {name: service for name, service in services.items() if name in keep}
     prefix = pick_subnet()
     addresses = {name: f"{prefix}.{i + 2}" for i, name in enumerate(sorted(services))}
     run = ComposeRun(root, compose_dir, services, addresses)

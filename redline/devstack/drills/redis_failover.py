@@ -2,6 +2,13 @@
 and index writes; the Sentinels promote the replica, clients follow it, and nothing that was
 acknowledged (an alert answered 202, an index write acknowledged) is missing afterwards.
 
+With replicas (`redline up --replicas 2`) every alert is posted to every receiver, as
+Alertmanager does with one webhook per receiver, and the drill also checks that each alert made
+exactly one job and at most one playbook run (the audit trail's `job.accepted` and
+`job.finished` records), and that the exporters never ran the canaries twice: at most one holds
+the canary lease at any moment, one holds it afterwards, and the canary probes ran no more often
+across the replicas than one runner's interval allows.
+
 Only a Sentinel stack (`redline up --redis sentinel`) can fail over; on the default stack the
 drill reports that it does not apply. The old primary is started again afterwards (the
 Sentinels make it a replica of the new one), so the stack keeps a replica.
@@ -9,9 +16,11 @@ Sentinels make it a replica of the new one), so the stack keeps a replica.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +29,7 @@ from typing import Any
 import httpx
 import numpy as np
 import redis
+import yaml
 
 from redline.core.redisconn import FAILOVER_ERRORS, open_redis, wait_for_replicas
 from redline.devstack.drills.base import DrillError, DrillResult
@@ -43,6 +53,8 @@ from redline.platform.index import (
     to_vector,
     vector_checksum,
 )
+from redline.remediation.audit import AuditLog
+from redline.remediation.settings import RemediationSettings
 
 NAME = "redis-failover"
 DRILL_PLAYBOOK = "drill-redis-failover"
@@ -55,6 +67,9 @@ BEFORE_SECONDS = 2.0
 AFTER_SECONDS = 3.0
 """Burst after clients write again, so some land on the new primary."""
 FAILOVER_TIMEOUT = 60.0
+CANARY_PROBES = ("index_staleness", "session_keepalive")
+"""Canary probes whose runs are counted across exporter replicas (never doubled)."""
+LEASE_POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -102,10 +117,12 @@ def _payload(fingerprint: str) -> dict[str, Any]:
 
 
 class _AlertBurst:
-    """POSTs one new alert at a time to the receiver; remembers each 202 and its job id."""
+    """POSTs one new alert at a time to every receiver (as Alertmanager notifies each webhook);
+    an alert one of them answered 202 (or 200: already recorded) is acknowledged: remembers it
+    and its job id."""
 
-    def __init__(self, url: str, token: str, prefix: str) -> None:
-        self.url = url
+    def __init__(self, urls: list[str], token: str, prefix: str) -> None:
+        self.urls = urls
         self.headers = {"Authorization": f"Bearer {token}"}
         self.prefix = prefix
         self.tally = _Tally()
@@ -119,23 +136,77 @@ class _AlertBurst:
             while not self.stop.is_set():
                 fingerprint = f"{self.prefix}{n:010x}"  # hex: what Alertmanager sends
                 n += 1
-                try:
-                    answer = http.post(self.url, json=_payload(fingerprint), headers=self.headers)
-                except httpx.HTTPError as exc:
-                    self.tally.error(f"http {type(exc).__name__}")
-                    self.tally.unavailable_at.append(time.time())
-                else:
-                    self.statuses[answer.status_code] = self.statuses.get(answer.status_code, 0) + 1
-                    if answer.status_code == 202:
-                        job = answer.json()["alerts"][0]["job_id"]
-                        self.tally.acked[fingerprint] = str(job)
-                        self.tally.last_ok_at = time.time()
-                        self.tally.acked_at.append(self.tally.last_ok_at)
-                    elif answer.status_code == 503 and answer.headers.get("Retry-After"):
-                        self.tally.unavailable_at.append(time.time())
-                    else:
-                        self.tally.error(f"status {answer.status_code}")
+                body = _payload(fingerprint)  # one startsAt: the same alert for every receiver
+                for url in self.urls:
+                    self._post(http, url, fingerprint, body)
                 self.stop.wait(1.0 / ALERTS_PER_SECOND)
+
+    def _post(self, http: httpx.Client, url: str, fingerprint: str, body: dict[str, Any]) -> None:
+        try:
+            answer = http.post(url, json=body, headers=self.headers)
+        except httpx.HTTPError as exc:
+            self.tally.error(f"http {type(exc).__name__}")
+            self.tally.unavailable_at.append(time.time())
+            return
+        self.statuses[answer.status_code] = self.statuses.get(answer.status_code, 0) + 1
+        # 200: already recorded (through the other receiver); acknowledged all the same, after
+        # the same wait for the replicas.
+        if answer.status_code in (200, 202):
+            job = str(answer.json()["alerts"][0]["job_id"])
+            if self.tally.acked.setdefault(fingerprint, job) != job:
+                self.tally.error("two receivers answered different job ids")
+            self.tally.last_ok_at = time.time()
+            self.tally.acked_at.append(self.tally.last_ok_at)
+        elif answer.status_code == 503 and answer.headers.get("Retry-After"):
+            self.tally.unavailable_at.append(time.time())
+        else:
+            self.tally.error(f"status {answer.status_code}")
+
+
+class _LeaseWatch:
+    """Polls every exporter replica's /healthz: who holds the canary lease, how often each
+    canary probe has run there."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.urls = urls
+        self.samples = 0
+        self.overlaps = 0
+        self.last_held: list[bool] = []
+        self.first_runs: dict[str, int] = {}
+        self.last_runs: dict[str, int] = {}
+        self.started_at = 0.0
+        self.stopped_at = 0.0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="drill-lease-watch", daemon=True)
+
+    def poll(self, http: httpx.Client) -> tuple[list[bool], dict[str, int]] | None:
+        """Who holds the lease and the canary probes' runs summed over replicas (None when a
+        replica did not answer)."""
+        held: list[bool] = []
+        runs: Counter[str] = Counter()
+        for url in self.urls:
+            try:
+                body = http.get(f"{url}/healthz").json()
+            except (httpx.HTTPError, ValueError):
+                return None
+            held.append(bool((body.get("canary_lease") or {}).get("held")))
+            for name in CANARY_PROBES:
+                runs[name] += int(body["probes"].get(name, {}).get("runs", 0))
+        return held, dict(runs)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=2.0, trust_env=False) as http:
+            while not self.stop.is_set():
+                seen = self.poll(http)
+                if seen is not None:
+                    held, runs = seen
+                    if not self.first_runs:
+                        self.first_runs, self.started_at = runs, time.monotonic()
+                    self.last_runs, self.stopped_at = runs, time.monotonic()
+                    self.samples += 1
+                    self.overlaps += sum(held) > 1
+                    self.last_held = held
+                self.stop.wait(LEASE_POLL_SECONDS)
 
 
 class _WriteBurst:
@@ -259,13 +330,16 @@ def drill_redis_failover(ctx: DrillContext) -> DrillResult:
                          f"(:{primary_part.port}); restart the stack first")  # fmt: skip
     tag = uuid.uuid4().hex[:6]
     token = ctx.state.layout().token_file.read_text("utf-8").strip()
-    alerts = _AlertBurst(f"{ctx.endpoints.receiver_url}/alerts", token, tag)
+    receivers = [f"{url}/alerts" for url in ctx.endpoints.receiver_urls]
+    alerts = _AlertBurst(receivers, token, tag)
+    lease = _LeaseWatch(ctx.endpoints.exporters_urls)
     writes = _WriteBurst(ctx, f"drill-failover-{tag}-", durability.min_replicas_ack,
                          durability.ack_timeout_ms)  # fmt: skip
     replica = MilvusTarget(
         TargetSpec(ctx.endpoints.milvus_replica_uri, COLLECTION, REPLICA_INDEX), INDEX_DIM, 10.0
     )
     try:
+        lease.thread.start()
         alerts.thread.start()
         writes.thread.start()
         time.sleep(BEFORE_SECONDS)
@@ -306,7 +380,14 @@ def drill_redis_failover(ctx: DrillContext) -> DrillResult:
         alerts.thread.join(15)
         writes.thread.join(15)
     try:
+        _one_runner_again(ctx, lease)
+    finally:
+        lease.stop.set()
+        lease.thread.join(15)
+    try:
         _count(ctx, result, alerts, writes, replica)
+        _count_runs(ctx, result, alerts)
+        _count_canaries(ctx, result, lease)
     finally:
         writes.close()
         replica.close()
@@ -342,7 +423,8 @@ def _count(
         on_replica = writes.missing(replica)
     unavailable = sorted(alerts.tally.unavailable_at + writes.tally.unavailable_at)
     seconds_503 = _span(alerts.tally.unavailable_at, fault_at)
-    result.figure("alerts answered 202", len(alerts.tally.acked))
+    result.figure("alerts answered 202 (or 200: recorded through another receiver)",
+                  len(alerts.tally.acked))  # fmt: skip
     result.figure("jobs that exist", len(alerts.tally.acked) - len(lost_jobs))
     result.figure("index writes acknowledged", len(writes.tally.acked))
     result.figure("acknowledged writes on both copies",
@@ -358,7 +440,7 @@ def _count(
     )
     other = {k: v for k, v in alerts.tally.errors.items() if not k.startswith("http")}
     result.check("every 202 has its job", not lost_jobs, ", ".join(lost_jobs[:5]) or "all found")
-    result.check("no answer other than 202 or 503 + Retry-After", not other,
+    result.check("no answer other than 202 (200: a duplicate) or 503 + Retry-After", not other,
                  ", ".join(f"{k}: {v}" for k, v in other.items()) or "none")  # fmt: skip
     result.check("acknowledged writes on both index copies", not on_primary and not on_replica,
                  result.lost_detail)  # fmt: skip
@@ -369,6 +451,72 @@ def _count(
                      f"{before} before the kill, {len(tally.acked_at) - before} after")  # fmt: skip
     result.failed_requests = len(unavailable)
     result.failed_detail = "attempts answered 503 or refused during the failover (not acknowledged)"
+
+
+def _one_runner_again(ctx: DrillContext, lease: _LeaseWatch) -> None:
+    """Wait until an exporter holds the canary lease again (it may have lapsed while Redis
+    failed over); a drill failure names the replicas' view if none does."""
+
+    def one_holds() -> bool | None:
+        return True if sum(lease.last_held) == 1 else None
+
+    try:
+        ctx.wait_for(NAME, "one exporter to hold the canary lease", one_holds, 30.0, 0.25)
+    except DrillError:
+        pass  # reported by the check in _count_canaries
+
+
+def _count_runs(ctx: DrillContext, result: DrillResult, alerts: _AlertBurst) -> None:
+    """Each alert of the burst was accepted once and run (settled) at most once, whichever
+    receiver and worker handled it: from the audit trail in Redis."""
+    settings = RemediationSettings.model_validate(
+        yaml.safe_load(ctx.state.layout().settings_file("remediation").read_text("utf-8"))
+    )
+    client = open_redis(ctx.endpoints.redis_url, socket_timeout=5.0, decode_responses=True)
+    try:
+        records = [json.loads(line) for line in AuditLog(client, settings.key_prefix).records()]
+    finally:
+        client.close()
+    # Every job the burst's alerts made (by fingerprint: a second job for one alert would carry
+    # another id), not only the ids the receivers answered.
+    burst = [r for r in records if r["kind"] == "job.accepted"
+             and str(r["data"].get("fingerprint", "")).startswith(alerts.prefix)]  # fmt: skip
+    accepted = Counter(r["data"]["fingerprint"] for r in burst)
+    jobs = {r["job_id"] for r in burst}
+    finished = Counter(r["job_id"] for r in records if r["kind"] == "job.finished"
+                       and r["job_id"] in jobs)  # fmt: skip
+    twice = sorted(fp for fp, n in accepted.items() if n > 1)
+    run_twice = sorted(job for job, n in finished.items() if n > 1)
+    result.figure("receivers posted to", len(alerts.urls))
+    result.figure("alerts accepted more than once", len(twice))
+    result.figure("jobs run more than once", len(run_twice))
+    result.check("each alert accepted once (one job) across the receivers", not twice,
+                 ", ".join(twice[:5]) or f"{len(accepted)} alerts, one job each")  # fmt: skip
+    result.check("no duplicate playbook run", not run_twice,
+                 ", ".join(run_twice[:5]) or f"{len(finished)} jobs settled once each")  # fmt: skip
+
+
+def _count_canaries(ctx: DrillContext, result: DrillResult, lease: _LeaseWatch) -> None:
+    """The canary lease never had two holders, one holds it now, and the canary probes ran no
+    more often across the exporter replicas than one runner's schedule allows."""
+    settings = yaml.safe_load(ctx.state.layout().settings_file("exporters").read_text("utf-8"))
+    window = lease.stopped_at - lease.started_at
+    result.figure("exporter replicas", len(lease.urls))
+    result.figure("lease samples with two canary runners", lease.overlaps)
+    result.check("never two canary runners at once", lease.samples > 0 and lease.overlaps == 0,
+                 f"{lease.overlaps} of {lease.samples} samples")  # fmt: skip
+    result.check("one canary runner after the failover", sum(lease.last_held) == 1,
+                 f"lease held by replicas {lease.last_held}")  # fmt: skip
+    section = {"index_staleness": "index_staleness", "session_keepalive": "keepalive"}
+    for probe in CANARY_PROBES:
+        interval = float(settings[section[probe]]["interval_seconds"])
+        ran = lease.last_runs.get(probe, 0) - lease.first_runs.get(probe, 0)
+        # One runner: a run per interval (a quarter more for scheduling jitter), plus one at
+        # each end and at a handover; two runners would make about twice as many.
+        most = int(window / interval * 1.25) + 3
+        result.figure(f"{probe} runs across replicas in {window:.0f} s", ran)
+        result.check(f"{probe} canaries not doubled", ran <= most,
+                     f"{ran} runs in {window:.1f} s (one runner: at most {most})")  # fmt: skip
 
 
 __all__ = ["NAME", "drill_redis_failover"]

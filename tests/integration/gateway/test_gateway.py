@@ -30,7 +30,7 @@ from redline.gateway.upstream import (
     UpstreamTimeoutError,
 )
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER
-from redline.platform.routing import RoutingStore
+from redline.platform.routing import DEFAULT_PREFIX, RoutingStore, override_key
 from redline.slo import catalog
 from tests.support.gateway import RunningGateway, gateway_starter
 
@@ -390,7 +390,7 @@ def test_garbage_in_the_routing_store_is_ignored(
     upstreams: dict[str, str], start_gateway: Callable[..., Gateway], redis_url: str
 ) -> None:
     client = redis.Redis.from_url(redis_url)
-    client.set("redline:routing:override", b"\x00not json")
+    client.set(override_key(DEFAULT_PREFIX), b"\x00not json")
     client.close()
     gw = start_gateway(upstreams)
     assert served_by(gw) == "primary"

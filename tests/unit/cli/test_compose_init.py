@@ -93,6 +93,7 @@ def test_own_upstreams_reach_every_service_that_calls_them(compose_dir: Path) ->
         (["--upstream", "primary=http://a"], "--upstream secondary=URL"),
         (["--upstream", "mars=http://a"], "not a region of the spec"),
         (["--demo", "--profile", "nope"], "unknown profile 'nope'"),
+        (["--demo", "--redis", "cluster"], "--redis 'cluster': expected one of single, sentinel"),
     ],
 )
 def test_bad_input_is_named_and_nothing_is_written(
@@ -106,3 +107,19 @@ def test_bad_input_is_named_and_nothing_is_written(
 def test_a_folder_without_the_compose_file_is_refused(tmp_path: Path) -> None:
     code, output = _init("--dir", str(tmp_path))
     assert code == 2 and "no docker-compose.yml" in output
+
+
+def test_sentinel_selects_the_ha_profile_and_writes_the_sentinels_configs(
+    compose_dir: Path,
+) -> None:
+    code, output = _init("--dir", str(compose_dir), "--demo", "--redis", "sentinel")
+    assert code == 0, output
+    assert "COMPOSE_PROFILES=demo,ha,milvus" in (compose_dir / ".env").read_text()
+    config = compose_dir / "config"
+    assert {p.name for p in config.glob("sentinel-*.conf")} == {
+        "sentinel-1.conf", "sentinel-2.conf", "sentinel-3.conf"
+    }  # fmt: skip
+    url = yaml.safe_load((config / "remediation.yml").read_text())["redis_url"]
+    assert url.startswith("redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/")
+    # The default spec acknowledges without replicas: init says what a failover can cost.
+    assert "redis.min_replicas_ack is 0" in output

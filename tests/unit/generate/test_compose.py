@@ -23,10 +23,15 @@ from redline.generate.compose_config import (
     SECRETS,
     SECRETS_DIR,
     SECRETS_GID,
+    SENTINEL_MASTER,
+    SENTINEL_PORT,
+    SENTINELS,
     ComposeConfigError,
     ComposeOptions,
+    RedisTopology,
     build_compose_config,
     build_upstreams,
+    redis_url,
 )
 from redline.platform.index.settings import IndexSettings
 from redline.platform.sessions import SessionSettings
@@ -94,16 +99,20 @@ def _config_files_used(service: dict[str, Any]) -> set[str]:
     }
 
 
-@pytest.mark.parametrize("demo", [True, False], ids=["demo", "own-upstreams"])
+@pytest.mark.parametrize(
+    ("demo", "redis"),
+    [(True, "single"), (False, "single"), (True, "sentinel")],
+    ids=["demo", "own-upstreams", "demo-sentinel"],
+)
 def test_init_writes_every_file_the_services_use(
-    services: dict[str, dict[str, Any]], demo: bool
+    services: dict[str, dict[str, Any]], demo: bool, redis: RedisTopology
 ) -> None:
     spec = load_spec().spec
     upstreams = {} if demo else {r: f"https://{r}.llm.example.com" for r in spec.regions}
     files = build_compose_config(
-        spec, "version: v1\n", ComposeOptions(demo=demo, upstreams=upstreams)
+        spec, "version: v1\n", ComposeOptions(demo=demo, upstreams=upstreams, redis=redis)
     )
-    profiles = {"demo", "milvus"} if demo else set()
+    profiles = ({"demo", "milvus"} if demo else set()) | ({"ha"} if redis == "sentinel" else set())
     for name, service in services.items():
         if service.get("profiles") and not profiles & set(service["profiles"]):
             continue
@@ -245,3 +254,39 @@ def test_scrape_targets_and_datasources_are_compose_services(
     )["providers"][0]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in services["grafana"]["volumes"]}
     assert _host_path(mounts[provider["options"]["path"]]) == (ROOT / DASHBOARDS_DIR).resolve()
+
+
+def test_the_sentinel_topology_points_every_redis_url_at_the_sentinels(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    spec = load_spec().spec
+    files = build_compose_config(spec, "version: v1\n", ComposeOptions(demo=True, redis="sentinel"))
+    url = redis_url(ComposeOptions(redis="sentinel"))
+    assert url == (
+        f"redis+sentinel://{','.join(f'{s}:{SENTINEL_PORT}' for s in SENTINELS)}"
+        f"/{SENTINEL_MASTER}/0"
+    )
+    single = build_compose_config(spec, "version: v1\n", ComposeOptions(demo=True))
+    for name, text in files.items():
+        if not name.endswith(".yml") or name in NOT_SETTINGS:
+            continue
+        # Every Redis URL of every settings file, nested sections included, is the Sentinels'.
+        found = re.findall(r"redis(?:\+sentinel)?://\S+", text)
+        assert found == re.findall(r"redis\+sentinel://\S+", text), name
+        assert len(found) == len(re.findall(r"redis://\S+", single[name])), name
+    assert "/redline/1" in files["sessions.yml"]  # the replica session store: db 1
+    # Each Sentinel: its own config, announcing its service name, on the port its check pings.
+    for name in SENTINELS:
+        config = files[f"{name}.conf"]
+        assert f"sentinel announce-ip {name}\n" in config
+        assert f"sentinel monitor {SENTINEL_MASTER} redis 6379 2\n" in config
+        assert config.index("resolve-hostnames yes") < config.index("sentinel monitor")
+        assert f"port {SENTINEL_PORT}\n" in config
+        assert str(SENTINEL_PORT) in services[name]["healthcheck"]["test"]
+        assert "ha" in services[name]["profiles"]
+        assert f"./config/{name}.conf:/etc/redis/sentinel.conf:ro" in services[name]["volumes"]
+    replica = " ".join(services["redis-replica"]["command"])
+    assert "--replicaof redis 6379" in replica and "--replica-announce-ip redis-replica" in replica
+    assert "--replica-announce-ip redis" in " ".join(services["redis"]["command"])
+    # Neither topology writes the other's files.
+    assert not any(name.endswith(".conf") for name in single)
