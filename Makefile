@@ -75,8 +75,8 @@ generate-check: $(STAMP)
 # fails. Exit 5 (no test ran) passes for one part only if the other ran tests.
 pytest: setup
 	@set +e; \
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --e2e=without $(PYTEST_ARGS); rest=$$?; \
-	$(PYTEST) --e2e=only $(PYTEST_ARGS); e2e=$$?; \
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --e2e=without --durations=15 $(PYTEST_ARGS); rest=$$?; \
+	$(PYTEST) --e2e=only --durations=10 $(PYTEST_ARGS); e2e=$$?; \
 	if [ $$rest = 5 ] && [ $$e2e = 5 ]; then echo "pytest: no test ran" >&2; exit 5; fi; \
 	for code in $$rest $$e2e; do [ $$code = 0 ] || [ $$code = 5 ] || exit $$code; done
 

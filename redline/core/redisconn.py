@@ -135,14 +135,8 @@ class SentinelTarget:
 
     def master_kwargs(self, caller: Mapping[str, Any]) -> dict[str, Any]:
         """Connection options of the primary: the caller's, then the URL's (the URL wins)."""
-        kwargs: dict[str, Any] = {**caller, **self.options, "db": self.db}
-        if self.username is not None:
-            kwargs["username"] = self.username
-        if self.password is not None:
-            kwargs["password"] = self.password
-        if self.ssl:
-            kwargs.update(ssl=True, **self.tls)
-        return kwargs
+        base = {**caller, **self.options, "db": self.db}
+        return _with_auth(base, self.username, self.password, self.ssl, self.tls)
 
     def sentinel_kwargs(self, caller: Mapping[str, Any]) -> dict[str, Any]:
         """Connection options of the sentinels: timeouts and TLS, their own credentials."""
@@ -152,13 +146,9 @@ class SentinelTarget:
             "socket_connect_timeout": merged.get("socket_connect_timeout")
             or SENTINEL_TIMEOUT_SECONDS,
         }
-        if self.sentinel_username is not None:
-            kwargs["username"] = self.sentinel_username
-        if self.sentinel_password is not None:
-            kwargs["password"] = self.sentinel_password
-        if self.ssl:
-            kwargs.update(ssl=True, **self.tls)
-        return kwargs
+        return _with_auth(
+            kwargs, self.sentinel_username, self.sentinel_password, self.ssl, self.tls
+        )
 
 
 @dataclass(frozen=True)
@@ -174,14 +164,8 @@ class ClusterTarget:
 
     def node_kwargs(self, caller: Mapping[str, Any]) -> dict[str, Any]:
         """Connection options of every node: the caller's, then the URL's (the URL wins)."""
-        kwargs: dict[str, Any] = {**caller, **self.options}
-        if self.username is not None:
-            kwargs["username"] = self.username
-        if self.password is not None:
-            kwargs["password"] = self.password
-        if self.ssl:
-            kwargs.update(ssl=True, **self.tls)
-        return kwargs
+        base = {**caller, **self.options}
+        return _with_auth(base, self.username, self.password, self.ssl, self.tls)
 
     def check_kwargs(self) -> dict[str, Any]:
         """Options of the start-up check's plain connection to one node: short timeouts."""
@@ -190,6 +174,24 @@ class ClusterTarget:
             kwargs[name] = kwargs.get(name) or CHECK_TIMEOUT_SECONDS
         kwargs.pop("max_connections", None)
         return kwargs
+
+
+def _with_auth(
+    kwargs: Mapping[str, Any],
+    username: str | None,
+    password: str | None,
+    ssl: bool,
+    tls: Mapping[str, Any],
+) -> dict[str, Any]:
+    """`kwargs` plus the credentials and TLS options that are set."""
+    merged = dict(kwargs)
+    if username is not None:
+        merged["username"] = username
+    if password is not None:
+        merged["password"] = password
+    if ssl:
+        merged.update(ssl=True, **tls)
+    return merged
 
 
 def _error(url: str, setting: str, what: str) -> RedisConfigError:

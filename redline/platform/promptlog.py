@@ -851,12 +851,12 @@ class PromptLog:
     def head(self) -> Head:
         """The anchored head (the empty head when nothing was appended)."""
         raw = self.client.get(self.keys.head)
-        return Head.parse(_text(raw)) if raw else EMPTY_HEAD
+        return Head.parse(as_text(raw)) if raw else EMPTY_HEAD
 
     def entry(self, batch: int) -> BatchEntry | None:
         """The anchored entry of `batch` (None when there is none)."""
         raw = self.client.lindex(self.keys.roots, batch)
-        return None if raw is None else BatchEntry.parse(_text(raw))
+        return None if raw is None else BatchEntry.parse(as_text(raw))
 
     def anchored(self) -> tuple[list[str], Head | None]:
         """Every anchored entry line in Redis and the head (None when there is none), read at
@@ -865,7 +865,7 @@ class PromptLog:
             pipe.lrange(self.keys.roots, 0, -1)
             pipe.get(self.keys.head)
             raw_lines, raw_head = pipe.execute()
-        return [_text(x) for x in raw_lines], Head.parse(_text(raw_head)) if raw_head else None
+        return [as_text(x) for x in raw_lines], Head.parse(as_text(raw_head)) if raw_head else None
 
     def append(self, records: Sequence[PromptRecord]) -> BatchEntry:
         """Write `records` as one batch, anchor its root, mirror it; its entry."""
@@ -898,7 +898,7 @@ class PromptLog:
                     *(",".join(built.index[s]) for s in sessions),
                 ],
             )
-            status, value = int(reply[0]), _text(reply[1])
+            status, value = int(reply[0]), as_text(reply[1])
             if status != 1:
                 raise PromptLogError(f"anchoring batch {head.count} failed: {value}")
             self._mirror()
@@ -936,9 +936,9 @@ class PromptLog:
         """Append to roots.jsonl the entries it lacks (it follows Redis, never leads)."""
         try:
             if self._mirrored is None:
-                self._mirrored = len(_read_lines(self.roots_file))
+                self._mirrored = len(read_lines(self.roots_file))
             lines = [
-                _text(x)
+                as_text(x)
                 for x in cast(list[Any], self.client.lrange(self.keys.roots, self._mirrored, -1))
             ]
             if lines:
@@ -960,7 +960,7 @@ class PromptLog:
         raw = cast(list[Any], self.client.lrange(self.keys.session(session), 0, -1))
         located = []
         for item in raw:
-            b, leaf, offset, length = (int(x) for x in _text(item).split(":"))
+            b, leaf, offset, length = (int(x) for x in as_text(item).split(":"))
             located.append((b, leaf, offset, length))
         if not located:
             return Trace(session)
@@ -979,7 +979,7 @@ class PromptLog:
                         TracedRecord(b, leaf, {}, [], "", False, "no anchored root for the batch")
                     )
                     continue
-                entry = BatchEntry.parse(_text(text))
+                entry = BatchEntry.parse(as_text(text))
                 if entry.segment not in files:
                     try:
                         files[entry.segment] = (
@@ -1040,7 +1040,7 @@ class PromptLog:
         raw_lines, head = self.anchored()
         redis_entries, problems = check_chain(raw_lines, head or EMPTY_HEAD, "redis")
         file_entries, file_problems = check_chain(
-            _read_lines(self.roots_file), None, str(self.roots_file.name)
+            read_lines(self.roots_file), None, str(self.roots_file.name)
         )
         problems += file_problems
         if not problems:
@@ -1295,7 +1295,8 @@ def _lines_from(path: Path, offset: int) -> Iterator[bytes]:
                 yield line.rstrip(b"\n")
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
+    """The non-blank lines of a text file, none when it does not exist."""
     try:
         with path.open("r", encoding="utf-8") as handle:
             return [line.rstrip("\n") for line in handle if line.strip()]
@@ -1303,7 +1304,8 @@ def _read_lines(path: Path) -> list[str]:
         return []
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A Redis reply (bytes or str) as text."""
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 

@@ -62,7 +62,9 @@ from redline.platform.promptlog import (
     PromptLog,
     PromptLogError,
     VerifyReport,
+    as_text,
     check_tree,
+    read_lines,
 )
 
 log = logging.getLogger(__name__)
@@ -342,7 +344,7 @@ class PromptLogWatcher:
             try:
                 message = pubsub.get_message(timeout=0.2)
                 if message is not None and message.get("type") == "message":
-                    self._events.put((_REDIS, _text(message.get("data"))))
+                    self._events.put((_REDIS, as_text(message.get("data"))))
             except (redis.RedisError, OSError) as exc:
                 log.warning("keyspace notifications lost (%s): resubscribing", exc)
                 with contextlib.suppress(redis.RedisError, OSError):
@@ -407,7 +409,7 @@ class PromptLogWatcher:
         # The roots file is never ahead of Redis (it is mirrored after anchoring): read before
         # Redis, an entry only the file holds was not written by the log.
         check_redis = everything or round_.redis or roots_file or not self.notifications
-        file_lines = _read_lines(self.log.roots_file) if check_redis else []
+        file_lines = read_lines(self.log.roots_file) if check_redis else []
         fresh: list[BatchEntry] = []
         if check_redis:
             found[_REDIS], fresh = self._check_redis()
@@ -502,7 +504,7 @@ class PromptLogWatcher:
             self._entries.append(entry)
             self._by_segment.setdefault(entry.segment, []).append(entry)
             prev = entry.chain
-        self._file_lines = len(_read_lines(self.log.roots_file))
+        self._file_lines = len(read_lines(self.log.roots_file))
 
     def _check_redis(self) -> tuple[list[Problem], list[BatchEntry]]:
         """Compare the anchors in Redis with the watcher's copy; accept new entries whose
@@ -658,15 +660,3 @@ def _entry_change(old: BatchEntry, line: str, position: int) -> str:
         return "the anchored root was edited"
     fields = [k for k, v in old.body().items() if new.body().get(k) != v]
     return f"the anchored entry was edited ({', '.join(fields) or 'its formatting'})"
-
-
-def _read_lines(path: Path) -> list[str]:
-    try:
-        with path.open("r", encoding="utf-8") as handle:
-            return [line.rstrip("\n") for line in handle if line.strip()]
-    except FileNotFoundError:
-        return []
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

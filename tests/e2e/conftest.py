@@ -1,6 +1,10 @@
 """One local stack for the whole e2e session, started and stopped through the real CLI, with a
 Prometheus per region federated by a global one (`redline up --regions 2`).
 
+The modules that start a stack of their own (`--source vllm`, `--redis sentinel`) run first:
+the shared stack starts only after them, so no two stacks share the machine's cores (on two
+cores, a second stack's load starved the first one's service fronts into timeouts).
+
 The run directory is seeded with the state file of a "crashed" earlier run (its pids exited long
 ago), so every session also proves that `redline up` cleans up a stale run directory.
 """
@@ -22,6 +26,11 @@ from tests.support.stack import (
     redline,
     seed_crashed_run,
 )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on a stack of their own first, those on the shared stack last (a stable sort)."""
+    items.sort(key=lambda item: "stack" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="session")

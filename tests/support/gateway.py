@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -11,6 +11,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from redline.core.servers import ServerThread, serve_in_thread
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.slo.load import load_spec
 
@@ -30,6 +31,20 @@ class RunningGateway:
 
 
 G = TypeVar("G", bound=RunningGateway)
+
+
+@contextmanager
+def simulators(regions: Iterable[str]) -> Iterator[dict[str, ServerThread]]:
+    """An engine simulator per region (seeded by its position), served in threads."""
+    servers = {
+        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
+        for i, region in enumerate(regions)
+    }
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import redis
+import yaml
 from pydantic import SecretStr
 
 from redline.core.servers import ServerThread, serve_in_thread
@@ -38,6 +39,10 @@ from redline.remediation.playbook import (
 )
 from redline.remediation.settings import RemediationSettings
 from redline.remediation.worker import Worker
+from redline.rules.alertmanager import RECEIVER, build_alertmanager_config
+from redline.rules.build import build_rule_groups
+from redline.slo.load import load_spec
+from redline.slo.spec import Receiver
 
 TOKEN = "s3cret-webhook-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -420,3 +425,32 @@ def post(url: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
     """POST a payload with the token over real HTTP."""
     headers = {**AUTH, **kwargs.pop("headers", {})}
     return httpx.post(f"{url}/alerts", json=body, headers=headers, timeout=10, **kwargs)
+
+
+def alertmanager_config_file(tmp_path: Path, receiver_ports: Sequence[int]) -> Path:
+    """The generated Alertmanager config with short timings, its webhook receiver sending every
+    notification to each test receiver on `receiver_ports`; written to `tmp_path`."""
+    token_file = tmp_path / "webhook-token"
+    token_file.write_text(TOKEN + "\n")
+    spec = load_spec(None).spec
+    first_url = f"http://127.0.0.1:{receiver_ports[0]}/alerts"
+    timing = {
+        "group_wait_seconds": 0.2,
+        "group_interval_seconds": 1,
+        "repeat_interval_seconds": 3600,
+    }
+    spec = spec.model_copy(
+        update={
+            "receiver": Receiver(url=first_url, bearer_token_file=str(token_file)),
+            "timing": spec.timing.model_copy(update=timing),
+        }
+    )
+    config = build_alertmanager_config(spec, build_rule_groups(spec))
+    [webhook_receiver] = [r for r in config["receivers"] if r["name"] == RECEIVER]
+    [first] = webhook_receiver["webhook_configs"]
+    webhook_receiver["webhook_configs"] = [
+        {**first, "url": f"http://127.0.0.1:{port}/alerts"} for port in receiver_ports
+    ]
+    path = tmp_path / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -11,11 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from redline.core.servers import ServerThread, serve_in_thread
-from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
+from redline.core.servers import ServerThread
 from redline.gateway.settings import BreakerOverrides
 from redline.slo import catalog
-from tests.support.gateway import RunningGateway, gateway_starter
+from tests.support.gateway import RunningGateway, gateway_starter, simulators
 
 pytestmark = pytest.mark.integration
 
@@ -27,13 +26,8 @@ BREAKERS = BreakerOverrides(window="10s", open_for="2s", min_requests=10, half_o
 
 @pytest.fixture()
 def sims() -> Iterator[dict[str, ServerThread]]:
-    servers = {
-        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
-        for i, region in enumerate(REGIONS)
-    }
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with simulators(REGIONS) as servers:
+        yield servers
 
 
 @pytest.fixture()

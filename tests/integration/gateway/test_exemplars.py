@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry
 
 from redline.core.servers import ServerThread, serve_in_thread
 from redline.dashboards.boards.red_lines import build_red_lines_dashboard, exemplar_query
-from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.devstack.processes import start_prometheus
 from redline.devstack.tracestore import TraceStoreSettings, build_trace_store_app
 from redline.gateway import GatewaySettings, build_gateway_app
 from redline.gateway.tracing import GatewayTracing, build_provider
 from redline.slo.load import load_spec
+from tests.support.gateway import simulators
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +40,8 @@ CLOSED_REDIS = "redis://127.0.0.1:9/0"  # no routing store: the configured order
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[dict[str, ServerThread]]:
-    servers = {
-        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
-        for i, region in enumerate(("primary", "secondary"))
-    }
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with simulators(("primary", "secondary")) as servers:
+        yield servers
 
 
 @pytest.fixture(scope="module")

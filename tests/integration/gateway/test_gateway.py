@@ -20,8 +20,8 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from redline.core.servers import ServerThread, serve_in_thread
-from redline.devstack.fakes.simulator import SimulatorSettings, build_answer, build_simulator_app
+from redline.core.servers import ServerThread
+from redline.devstack.fakes.simulator import build_answer
 from redline.devstack.processes import find_binary, free_port, start_redis
 from redline.gateway.upstream import (
     UpstreamConnectError,
@@ -32,7 +32,7 @@ from redline.gateway.upstream import (
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER
 from redline.platform.routing import DEFAULT_PREFIX, RoutingStore, override_key
 from redline.slo import catalog
-from tests.support.gateway import RunningGateway, gateway_starter
+from tests.support.gateway import RunningGateway, gateway_starter, simulators
 
 pytestmark = pytest.mark.integration
 
@@ -57,13 +57,8 @@ class Gateway(RunningGateway):
 
 @pytest.fixture(scope="module")
 def sims() -> Iterator[dict[str, ServerThread]]:
-    servers = {
-        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
-        for i, region in enumerate(REGIONS)
-    }
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with simulators(REGIONS) as servers:
+        yield servers
 
 
 @pytest.fixture()

@@ -13,11 +13,10 @@ import httpx
 import pytest
 import yaml
 
-from redline.core.servers import ServerThread, serve_in_thread
-from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
+from redline.core.servers import ServerThread
 from redline.platform.routing import SERVED_REGION_HEADER, RoutingStore
 from redline.slo import catalog
-from tests.support.gateway import RunningGateway, gateway_starter
+from tests.support.gateway import RunningGateway, gateway_starter, simulators
 
 pytestmark = pytest.mark.integration
 
@@ -44,13 +43,8 @@ QUOTAS: dict[str, Any] = {
 
 @pytest.fixture()
 def sims() -> Iterator[dict[str, ServerThread]]:
-    servers = {
-        region: serve_in_thread(build_simulator_app(SimulatorSettings(region=region, seed=i)))
-        for i, region in enumerate(REGIONS)
-    }
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with simulators(REGIONS) as servers:
+        yield servers
 
 
 @pytest.fixture()

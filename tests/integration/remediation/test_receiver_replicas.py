@@ -18,17 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from redline.devstack.processes import Service, free_port, start_alertmanager
 from redline.remediation.audit import AuditLog
-from redline.rules.alertmanager import RECEIVER, build_alertmanager_config
-from redline.rules.build import build_rule_groups
 from redline.slo import catalog
-from redline.slo.load import load_spec
-from redline.slo.spec import Receiver
 from tests.support.remediation import (
-    TOKEN,
+    alertmanager_config_file,
     make_settings,
     receiver,
     store_for,
@@ -41,36 +36,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REGIONS = ("east", "west", "north", "south")
 
 
-def _config(tmp_path: Path, ports: tuple[int, int]) -> Path:
-    """The generated Alertmanager config with short timings, its webhook receiver sending to
-    both receivers."""
-    token_file = tmp_path / "webhook-token"
-    token_file.write_text(TOKEN + "\n")
-    spec = load_spec(None).spec
-    spec = spec.model_copy(
-        update={
-            "receiver": Receiver(
-                url=f"http://127.0.0.1:{ports[0]}/alerts", bearer_token_file=str(token_file)
-            ),
-            "timing": spec.timing.model_copy(
-                update={
-                    "group_wait_seconds": 0.2,
-                    "group_interval_seconds": 1,
-                    "repeat_interval_seconds": 3600,
-                }
-            ),
-        }
-    )
-    config = build_alertmanager_config(spec, build_rule_groups(spec))
-    [webhook_receiver] = [r for r in config["receivers"] if r["name"] == RECEIVER]
-    [first] = webhook_receiver["webhook_configs"]
-    second = {**first, "url": f"http://127.0.0.1:{ports[1]}/alerts"}
-    webhook_receiver["webhook_configs"] = [first, second]
-    path = tmp_path / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
 @pytest.fixture(params=["gossip", "no-gossip"])
 def pair(
     tmp_path: Path, request: pytest.FixtureRequest
@@ -78,7 +43,7 @@ def pair(
     """Two Alertmanagers with the same config (a gossiping HA pair, or two apart); yields them
     and the two receiver ports."""
     ports = (free_port(), free_port())
-    config = _config(tmp_path, ports)
+    config = alertmanager_config_file(tmp_path, ports)
     gossip = request.param == "gossip"
     cluster_ports = (free_port(), free_port())
     started: list[Service] = []

@@ -10,17 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from redline.devstack.processes import Service, free_port, start_alertmanager
 from redline.remediation.jobs import JobStore
-from redline.rules.alertmanager import build_alertmanager_config
-from redline.rules.build import build_rule_groups
 from redline.slo import catalog
-from redline.slo.load import load_spec
-from redline.slo.spec import Receiver
 from tests.support.remediation import (
-    TOKEN,
+    alertmanager_config_file,
     make_settings,
     receiver,
     store_for,
@@ -33,37 +28,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REGIONS = ("east", "west", "north")
 
 
-def _alertmanager_config(tmp_path: Path, receiver_port: int) -> Path:
-    """The generated Alertmanager config, pointed at the test receiver with short timings."""
-    token_file = tmp_path / "webhook-token"
-    token_file.write_text(TOKEN + "\n")
-    spec = load_spec(None).spec
-    spec = spec.model_copy(
-        update={
-            "receiver": Receiver(
-                url=f"http://127.0.0.1:{receiver_port}/alerts", bearer_token_file=str(token_file)
-            ),
-            "timing": spec.timing.model_copy(
-                update={
-                    "group_wait_seconds": 0.2,
-                    "group_interval_seconds": 1,
-                    "repeat_interval_seconds": 3600,
-                }
-            ),
-        }
-    )
-    path = tmp_path / "alertmanager.yml"
-    path.write_text(
-        yaml.safe_dump(build_alertmanager_config(spec, build_rule_groups(spec)), sort_keys=False)
-    )
-    return path
-
-
 @pytest.fixture()
 def alertmanagers(tmp_path: Path) -> Iterator[tuple[list[Service], int]]:
     """Two Alertmanagers with the same config; yields them and the receiver port they call."""
     port = free_port()
-    config = _alertmanager_config(tmp_path, port)
+    config = alertmanager_config_file(tmp_path, [port])
     started: list[Service] = []
     try:
         for name in ("am1", "am2"):
