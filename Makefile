@@ -17,8 +17,9 @@ PYTEST := $(VENV)/bin/pytest
 # Extra pytest arguments for `make pytest`/`test`/`test-fast` (e.g. PYTEST_ARGS='-k receiver').
 PYTEST_ARGS ?=
 # Parallel pytest workers of `make test`. The tests wait on real services far more than they
-# compute, so more workers than cores pays off.
-PYTEST_WORKERS ?= 3
+# compute (about half of two cores is busy over the run), so twice as many workers as cores pays
+# off.
+PYTEST_WORKERS ?= 4
 
 .PHONY: setup services demo test test-fast lint lint-imports typecheck typecheck-tree \
         generate-check pytest bench clean
