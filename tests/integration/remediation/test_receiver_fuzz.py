@@ -289,7 +289,7 @@ def test_fuzz_alerts_in_process_no_5xx_and_no_job_from_invalid_input(
         assert jobs() == before, f"{kind}: a rejected request created a job"
         counts[kind] += 1
 
-    @fuzz(600)
+    @fuzz(1000)
     @given(valid_payloads())
     def valid(case: tuple[dict[str, Any], list[Any]]) -> None:
         nonlocal expected_jobs
@@ -309,7 +309,7 @@ def test_fuzz_alerts_in_process_no_5xx_and_no_job_from_invalid_input(
         assert jobs() == before + expected.count("accepted")
         counts["valid"] += 1
 
-    @fuzz(600)
+    @fuzz(1000)
     @given(valid_payloads(), st.data())
     def mutated(case: tuple[dict[str, Any], list[Any]], data: st.DataObject) -> None:
         base, _ = case
@@ -328,19 +328,19 @@ def test_fuzz_alerts_in_process_no_5xx_and_no_job_from_invalid_input(
             assert response.json()["message"].startswith("invalid Alertmanager webhook payload")
             assert_rejected(response, before, "mutated")
 
-    @fuzz(600)
+    @fuzz(1000)
     @given(json_values | near_payloads)
     def arbitrary_json(value: Any) -> None:
         before = jobs()
         assert_rejected(app.post(json.dumps(value).encode(), JSON), before, "json")
 
-    @fuzz(1500)
+    @fuzz(3000)
     @given(st.binary(max_size=512))
     def arbitrary_bytes(raw: bytes) -> None:
         before = jobs()
         assert_rejected(app.post(raw, JSON), before, "bytes")
 
-    @fuzz(800)
+    @fuzz(1300)
     @given(
         fingerprints,
         st.one_of(st.none(), st.just(f"Bearer {TOKEN}"), st.text(LATIN_1, max_size=40)),
