@@ -242,6 +242,8 @@ def test_verify_records_reports_non_records() -> None:
 INTACT = catalog.REDLINE_AUDIT_CHAIN_INTACT
 RECORDS = catalog.REDLINE_AUDIT_RECORDS
 VERIFIED = catalog.REDLINE_AUDIT_VERIFIED_TIMESTAMP_SECONDS
+# Long enough that two scrapes in a row fall in one interval on a loaded CI machine (0.2 s did not).
+INTERVAL = 1.0
 
 
 def _audit_metrics(url: str) -> dict[str, float]:
@@ -264,10 +266,10 @@ def test_metrics_show_the_chain_state_of_both_copies_and_catch_tampering(
     real deliveries, BROKEN on the copy whose record was edited, and again on the mirror when
     a record is removed from the file."""
     file = tmp_path / "audit.jsonl"
-    settings = make_settings(redis_url, audit_file=file, audit_verify_interval_seconds=0.2)
+    settings = make_settings(redis_url, audit_file=file, audit_verify_interval_seconds=INTERVAL)
     with receiver(settings) as server:
         post(server.url, payload(alert("0000000000000ab1"), alert("0000000000000ab2")))
-        time.sleep(0.3)
+        time.sleep(INTERVAL + 0.1)
         first = _audit_metrics(server.url)
         assert first[f"{INTACT}/redis"] == 1.0
         assert first[f"{INTACT}/file"] == 1.0
@@ -280,11 +282,11 @@ def test_metrics_show_the_chain_state_of_both_copies_and_catch_tampering(
         record = json.loads(cast(str, client.lindex(KEYS.records, 0)))
         record["data"] = {"edited": True}
         client.lset(KEYS.records, 0, json.dumps(record))
-        time.sleep(0.3)
+        time.sleep(INTERVAL + 0.1)
         edited = _audit_metrics(server.url)
         assert edited[f"{INTACT}/redis"] == 0.0
 
         lines = read_file_records(file)
         _write(file, lines[1:])
-        time.sleep(0.3)
+        time.sleep(INTERVAL + 0.1)
         assert _audit_metrics(server.url)[f"{INTACT}/file"] == 0.0
