@@ -4,17 +4,16 @@ the gate's conditions hold) and `rollback.on_mutation: true`; and a broken rule 
 
 Only the rollback and mutation groups are loaded (the mutation cases feed the gate's recorded
 series directly): the rollback family's own cases assume its default `for` of 0, and the whole
-file takes minutes in promtool on this machine (the default output's full run is
-tests/integration/rules/test_promtool.py)."""
+file.s run is tests/integration/rules/test_promtool.py."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from redline.generate.promtool import RuleTestResult, run_rule_tests
 from redline.rules.families import mutation, rollback
 from redline.rules.families.mutation import MIN_CHANGES
 from redline.rules.promtool_cases import AlertIndex
@@ -51,14 +50,8 @@ def _write(spec: Spec, directory: Path) -> str:
     return rules
 
 
-def _promtool(directory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["promtool", "test", "rules", "tests.yml"],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def _promtool(directory: Path) -> RuleTestResult:
+    return run_rule_tests(directory, "tests.yml")
 
 
 @pytest.mark.parametrize("variant", ["default", "gate-for", "on-mutation"])
@@ -66,7 +59,7 @@ def test_every_variant_passes_its_promtool_cases(tmp_path: Path, variant: str) -
     rules = _write(_variant(variant), tmp_path)
     assert ("OutputConsistencyMutationRollback" in rules) == (variant != "default")
     result = _promtool(tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.ok, result.output
 
 
 def test_a_rule_without_the_changes_leg_fails_its_case(tmp_path: Path) -> None:
@@ -75,5 +68,5 @@ def test_a_rule_without_the_changes_leg_fails_its_case(tmp_path: Path) -> None:
     assert leg in text
     (tmp_path / "rules.yml").write_text(text.replace(leg, ">= 0"))
     result = _promtool(tmp_path)
-    assert result.returncode != 0
-    assert f"{MIN_CHANGES - 1} changed tokens stay silent" in result.stdout + result.stderr
+    assert not result.ok
+    assert f"{MIN_CHANGES - 1} changed tokens stay silent" in result.output

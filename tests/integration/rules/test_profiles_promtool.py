@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from redline.generate.outputs import RULE_FILE, RULES_DIR, TEST_FILE, build_outputs, write_outputs
+from redline.generate.promtool import run_rule_tests
 from redline.generate.toolcheck import run_checks
 from redline.slo.load import load_spec
 from redline.slo.sources import PROFILE_NAMES, PROFILES
@@ -75,15 +76,9 @@ def test_a_broken_mapping_fails_the_profile_cases(
     tests["tests"] = [t for t in tests["tests"] if failing in t["name"]]
     assert tests["tests"]
     tests_file.write_text(yaml.safe_dump(tests))
-    result = subprocess.run(
-        ["promtool", "test", "rules", TEST_FILE],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode != 0
-    assert failing in result.stdout + result.stderr
+    result = run_rule_tests(directory, TEST_FILE)
+    assert not result.ok
+    assert failing in result.output
 
 
 EXPECTED_WARNINGS = {

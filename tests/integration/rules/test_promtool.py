@@ -21,6 +21,7 @@ from redline.generate.outputs import (
     build_outputs,
     write_outputs,
 )
+from redline.generate.promtool import RuleTestResult, run_rule_tests
 from redline.generate.toolcheck import run_checks
 from redline.slo import catalog
 from redline.slo.load import apply_profile, load_spec
@@ -34,14 +35,8 @@ def _generate(spec: Spec, root: Path) -> Path:
     return root / RULES_DIR
 
 
-def _promtool_test(directory: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["promtool", "test", "rules", TEST_FILE],
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def _promtool_test(directory: Path) -> RuleTestResult:
+    return run_rule_tests(directory, TEST_FILE)
 
 
 def test_default_output_passes_every_check(tmp_path: Path) -> None:
@@ -117,8 +112,8 @@ def test_the_promtool_tests_catch_a_broken_rule(
     assert tests["tests"], f"no promtool case is named {failing_case!r}"
     tests_file.write_text(yaml.safe_dump(tests))
     result = _promtool_test(directory)
-    assert result.returncode != 0
-    assert failing_case in result.stdout + result.stderr
+    assert not result.ok
+    assert failing_case in result.output
 
 
 def test_a_spec_with_200_slos_generates_valid_rules(tmp_path: Path) -> None:
