@@ -12,7 +12,8 @@ APT_NEEDED := $(shell command -v prometheus >/dev/null && command -v promtool >/
               $(shell command -v redis-server >/dev/null || echo redis-server) \
               $(shell command -v chromium >/dev/null || echo chromium) \
               $(shell command -v pdftoppm >/dev/null || echo poppler-utils) \
-              $(shell command -v docker-compose >/dev/null || echo docker-compose)
+              $(shell command -v docker-compose >/dev/null || echo docker-compose) \
+              $(shell command -v softhsm2-util >/dev/null || echo softhsm2)
 PYTEST := $(VENV)/bin/pytest
 # Extra pytest arguments for `make pytest`/`test`/`test-fast` (e.g. PYTEST_ARGS='-k receiver').
 PYTEST_ARGS ?=

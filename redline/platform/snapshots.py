@@ -1,50 +1,59 @@
-"""Snapshot registry of models and LoRA adapters: atomic JSON files and an active pointer.
+"""Snapshot registry of models and LoRA adapters: JSON records in a record store and an active
+pointer.
 
-Layout under `root` (every file is written to a temp file in the same directory, fsynced, then
-moved into place with `os.replace`, and the directory is fsynced, so a reader sees the old file or
-the new one, never a half-written one):
+The records go through a `RecordStore` (`redline.platform.weights.records`): by default a
+`FileRecordStore` under `root`, where every file is written to a temp file in the same directory,
+fsynced, then moved into place with `os.replace`, and the directory is fsynced, so a reader sees
+the old file or the new one, never a half-written one; or any other store, such as
+`S3RecordStore` (`redline.platform.weights.s3store`), through `SnapshotRegistry.on_store`.
+Keys (and the file layout under `root`):
 
-    <root>/models/<model>/snapshots/<snapshot_id>.json   one snapshot (immutable but for
-                                                          `mark_verified`)
-    <root>/models/<model>/active.json                     the active pointer
-    <root>/models/<model>/.lock                           writers' lock (flock)
-    <root>/checkpoints/<adapter>.json                     last successful checkpoint of an adapter
+    models/<model>/snapshots/<snapshot_id>.json   one snapshot (immutable but for
+                                                   `mark_verified`)
+    models/<model>/active.json                     the active pointer
+    models/<model>/sequence.json                   the last sequence handed out
+    models/<model>/.lock                           writers' lock (flock; file store only)
+    checkpoints/<adapter>.json                     last successful checkpoint of an adapter
 
 `<model>` and `<adapter>` are percent-encoded, so ids such as `org/name` are safe.
 
 `ActiveVersions` reads the active pointers through a short cache: the `model_version` of
 requests, golden answers and evaluation verdicts when no engine reports one.
 
-Concurrency: every write takes an exclusive `fcntl.flock` on the model's (or the checkpoints')
-lock file, so several processes on one host may write safely; reads take no lock because every
-file is replaced atomically. flock is not reliable across hosts on network file systems: run one
-writer per model there.
+Concurrency: every write takes the store's lock of the model (or the checkpoints) — for the file
+store an exclusive `fcntl.flock` on its lock file, so several processes on one host may write
+safely — and every read-modify-write is a conditional write on the version it read, which is what
+makes object storage safe without a lock: two writers racing to move the active pointer, one
+wins, the other gets `SnapshotConflictError`. Reads take no lock because every record is replaced
+atomically. flock is not reliable across hosts on network file systems: run one writer per model
+there, or use object storage.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from redline.platform.weights.errors import RecordConflictError, RecordStoreError
+from redline.platform.weights.records import FileRecordStore, RecordStore, write_bytes_atomic
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
 _CHUNK = 1 << 20
 _VERSION_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+_ATTEMPTS = 8
+"""Read-modify-write attempts before a writer gives up on a record others keep changing."""
 
 
 class SnapshotError(Exception):
@@ -61,6 +70,14 @@ class SnapshotCorruptError(SnapshotError):
 
 class SnapshotIntegrityError(SnapshotError):
     """The weights or config on disk no longer match the hashes recorded in the snapshot."""
+
+
+class SnapshotConflictError(SnapshotError):
+    """Another writer changed the record (the active pointer, say) between our read and write."""
+
+
+class SnapshotStoreError(SnapshotError):
+    """The record store refused a write (object storage down, access denied)."""
 
 
 class _Record(BaseModel):
@@ -124,6 +141,12 @@ class Checkpoint(_Record):
     path: str | None = None
 
 
+class _Sequence(_Record):
+    format: int = FORMAT
+    model: str
+    last: int = Field(ge=0)
+
+
 def hash_path(path: Path) -> str:
     """SHA-256 of a file, or of a directory as sorted `relpath NUL sha256 LF` lines of its files."""
     if path.is_dir():
@@ -147,43 +170,27 @@ def _hash_file(path: Path) -> str:
 def _encode(name: str) -> str:
     if not name:
         raise SnapshotError("model and adapter names must not be empty")
-    return quote(name, safe="")
+    encoded = quote(name, safe="")
+    # A leading dot would name a hidden file (temp and lock files) or, as "..", escape the root.
+    return "%2E" + encoded[1:] if encoded.startswith(".") else encoded
 
 
 def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
     """Write JSON to a temp file beside `path`, fsync it, `os.replace` it, fsync the directory."""
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_bytes_atomic(path, _dump(data))
 
 
-def _read_record(path: Path, kind: type[R], what: str) -> R:
+def _dump(data: Mapping[str, object]) -> bytes:
+    return (json.dumps(data, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def _decode(raw: bytes, where: str, kind: type[R], what: str) -> R:
     try:
-        text = path.read_text("utf-8")
-    except FileNotFoundError:
-        raise SnapshotNotFoundError(f"{path}: no such {what}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SnapshotCorruptError(f"{path}: cannot read {what}: {exc}") from None
-    try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SnapshotCorruptError(f"{where}: cannot read {what}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise SnapshotCorruptError(f"{path}: corrupt {what}: malformed JSON: {exc}") from None
+        raise SnapshotCorruptError(f"{where}: corrupt {what}: malformed JSON: {exc}") from None
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
@@ -191,50 +198,121 @@ def _read_record(path: Path, kind: type[R], what: str) -> R:
             f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
             for err in exc.errors()
         )
-        raise SnapshotCorruptError(f"{path}: corrupt {what}: {problems}") from None
+        raise SnapshotCorruptError(f"{where}: corrupt {what}: {problems}") from None
 
 
 class SnapshotRegistry:
-    """Durable, file-based registry of model/adapter snapshots, active pointers and checkpoints."""
+    """Durable registry of model/adapter snapshots, active pointers and checkpoints: files under
+    `root`, or any record store through `on_store`."""
 
-    def __init__(self, root: Path, clock: Callable[[], float] = time.time) -> None:
-        self.root = Path(root)
+    def __init__(
+        self,
+        root: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        store: RecordStore | None = None,
+    ) -> None:
+        if (root is None) == (store is None):
+            raise ValueError("SnapshotRegistry needs a root directory or a record store (one)")
+        self.root = Path(root) if root is not None else None
+        self._store: RecordStore
+        if store is not None:
+            self._store = store
+        elif self.root is not None:
+            self._store = FileRecordStore(self.root)
         self._now = clock
 
-    # ---- paths -------------------------------------------------------------------------------
+    @classmethod
+    def on_store(
+        cls, store: RecordStore, clock: Callable[[], float] = time.time
+    ) -> SnapshotRegistry:
+        """A registry whose records live in `store` (object storage, say); `root` is None."""
+        return cls(None, clock, store=store)
 
-    def _model_dir(self, model: str) -> Path:
-        return self.root / "models" / _encode(model)
+    @property
+    def store(self) -> RecordStore:
+        """The record store holding the registry's records."""
+        return self._store
 
-    def _snapshot_path(self, model: str, snapshot_id: str) -> Path:
+    # ---- keys and records --------------------------------------------------------------------
+
+    def _model_scope(self, model: str) -> str:
+        return f"models/{_encode(model)}"
+
+    def _snapshot_key(self, model: str, snapshot_id: str) -> str:
         if not snapshot_id or "/" in snapshot_id or snapshot_id.startswith("."):
             raise SnapshotNotFoundError(f"{snapshot_id!r} is not a snapshot id")
-        return self._model_dir(model) / "snapshots" / f"{snapshot_id}.json"
+        return f"{self._model_scope(model)}/snapshots/{snapshot_id}.json"
 
-    def _active_path(self, model: str) -> Path:
-        return self._model_dir(model) / "active.json"
+    def _active_key(self, model: str) -> str:
+        return f"{self._model_scope(model)}/active.json"
 
-    def _checkpoint_dir(self) -> Path:
-        return self.root / "checkpoints"
+    def _raw(self, key: str, what: str) -> tuple[bytes, str] | None:
+        try:
+            return self._store.get(key)
+        except RecordStoreError as exc:
+            raise SnapshotCorruptError(f"cannot read {what}: {exc}") from None
 
-    @contextlib.contextmanager
-    def _locked(self, directory: Path) -> Iterator[None]:
-        directory.mkdir(parents=True, exist_ok=True)
-        with (directory / ".lock").open("a+b") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    def _read(self, key: str, kind: type[R], what: str) -> tuple[R, str] | None:
+        found = self._raw(key, what)
+        if found is None:
+            return None
+        return _decode(found[0], self._store.where(key), kind, what), found[1]
+
+    def _put(
+        self, key: str, record: _Record, *, if_version: str | None = None, if_absent: bool = False
+    ) -> None:
+        data = _dump(record.model_dump(mode="json"))
+        try:
+            self._store.put(key, data, if_version=if_version, if_absent=if_absent)
+        except RecordConflictError:
+            raise
+        except RecordStoreError as exc:
+            raise SnapshotStoreError(str(exc)) from None
+
+    def _conflict(self, key: str, what: str) -> SnapshotConflictError:
+        return SnapshotConflictError(
+            f"{self._store.where(key)}: {what} kept changing under concurrent writers "
+            f"({_ATTEMPTS} attempts); try again"
+        )
 
     # ---- snapshots ---------------------------------------------------------------------------
 
     def models(self) -> builtins.list[str]:
         """Every model with at least a snapshot directory, sorted."""
-        base = self.root / "models"
-        if not base.is_dir():
-            return []
-        return sorted(unquote(entry.name) for entry in base.iterdir() if entry.is_dir())
+        try:
+            names = self._store.children("models/")
+        except RecordStoreError as exc:
+            raise SnapshotCorruptError(f"cannot list models: {exc}") from None
+        return sorted(unquote(name) for name in names)
+
+    def _next_sequence(self, model: str) -> int:
+        """Claim the model's next sequence (a conditional write of the counter, so writers
+        without a shared lock, on object storage, never share one)."""
+        key = f"{self._model_scope(model)}/sequence.json"
+        for _ in range(_ATTEMPTS):
+            found = self._raw(key, "sequence counter")
+            last, token = 0, None
+            if found is not None:
+                token = found[1]
+                try:
+                    last = _decode(found[0], self._store.where(key), _Sequence, "counter").last
+                except SnapshotCorruptError as exc:
+                    # The snapshots themselves say where the count is: never block on the counter.
+                    log.warning("rebuilding the sequence counter: %s", exc)
+            existing, _ = self.scan(model)
+            sequence = max(last, max((s.sequence for s in existing), default=0)) + 1
+            try:
+                self._put(
+                    key,
+                    _Sequence(model=model, last=sequence),
+                    if_version=token,
+                    if_absent=token is None,
+                )
+            except RecordConflictError:
+                continue
+            return sequence
+        raise self._conflict(key, "the sequence counter")
 
     def create(
         self,
@@ -258,15 +336,14 @@ class SnapshotRegistry:
         ).hexdigest()
         slug = _VERSION_SLUG.sub("-", version).strip("-.") or "v"
         snapshot_id = f"{slug}-{identity[:10]}"
-        with self._locked(self._model_dir(model)):
-            path = self._snapshot_path(model, snapshot_id)
-            if path.exists():
-                return _read_record(path, Snapshot, "snapshot")
-            existing, _ = self.scan(model)
-            sequence = max((s.sequence for s in existing), default=0) + 1
+        key = self._snapshot_key(model, snapshot_id)
+        with self._store.lock(self._model_scope(model)):
+            found = self._read(key, Snapshot, "snapshot")
+            if found is not None:
+                return found[0]
             snapshot = Snapshot(
                 snapshot_id=snapshot_id,
-                sequence=sequence,
+                sequence=self._next_sequence(model),
                 model=model,
                 version=version,
                 adapter=adapter,
@@ -276,33 +353,50 @@ class SnapshotRegistry:
                 config_sha256=config_sha,
                 created_at=self._now() if created_at is None else created_at,
             )
-            write_json_atomic(path, snapshot.model_dump(mode="json"))
+            try:
+                self._put(key, snapshot, if_absent=True)
+            except RecordConflictError:
+                # The same content was recorded concurrently (no shared lock on object storage).
+                found = self._read(key, Snapshot, "snapshot")
+                if found is None:
+                    raise self._conflict(key, "the snapshot") from None
+                return found[0]
         return snapshot
+
+    def _get(self, model: str, snapshot_id: str) -> tuple[Snapshot, str]:
+        key = self._snapshot_key(model, snapshot_id)
+        found = self._read(key, Snapshot, "snapshot")
+        if found is None:
+            raise SnapshotNotFoundError(f"{self._store.where(key)}: no such snapshot")
+        snapshot = found[0]
+        if snapshot.model != model or snapshot.snapshot_id != snapshot_id:
+            raise SnapshotCorruptError(
+                f"{self._store.where(key)}: records model {snapshot.model!r} "
+                f"snapshot {snapshot.snapshot_id!r}, expected {model!r} {snapshot_id!r}"
+            )
+        return found
 
     def get(self, model: str, snapshot_id: str) -> Snapshot:
         """One snapshot; SnapshotNotFoundError or SnapshotCorruptError naming the file."""
-        snapshot = _read_record(self._snapshot_path(model, snapshot_id), Snapshot, "snapshot")
-        if snapshot.model != model or snapshot.snapshot_id != snapshot_id:
-            raise SnapshotCorruptError(
-                f"{self._snapshot_path(model, snapshot_id)}: records model {snapshot.model!r} "
-                f"snapshot {snapshot.snapshot_id!r}, expected {model!r} {snapshot_id!r}"
-            )
-        return snapshot
+        return self._get(model, snapshot_id)[0]
 
     def scan(
         self, model: str
     ) -> tuple[builtins.list[Snapshot], builtins.list[SnapshotCorruptError]]:
         """Every readable snapshot of `model` (newest first) and the errors of unreadable ones."""
-        directory = self._model_dir(model) / "snapshots"
+        prefix = f"{self._model_scope(model)}/snapshots/"
         snapshots: builtins.list[Snapshot] = []
         errors: builtins.list[SnapshotCorruptError] = []
-        if not directory.is_dir():
-            return snapshots, errors
-        for path in directory.glob("*.json"):
-            if path.name.startswith("."):
-                continue  # a temp file a crashed writer left behind
+        try:
+            keys = self._store.list(prefix)
+        except RecordStoreError as exc:
+            return snapshots, [SnapshotCorruptError(f"cannot list snapshots: {exc}")]
+        for key in keys:
+            name = key[len(prefix) :]
+            if "/" in name or not name.endswith(".json"):
+                continue
             try:
-                snapshots.append(self.get(model, path.stem))
+                snapshots.append(self.get(model, name.removesuffix(".json")))
             except SnapshotCorruptError as exc:
                 errors.append(exc)
             except SnapshotNotFoundError:
@@ -352,37 +446,43 @@ class SnapshotRegistry:
         verified_at: float | None = None,
     ) -> Snapshot:
         """Record that the snapshot passed verification, with its baselines; hashes must match."""
-        with self._locked(self._model_dir(model)):
-            snapshot = self.get(model, snapshot_id)
-            problems = self.check(snapshot)
-            if problems:
-                raise SnapshotIntegrityError(
-                    f"{model}/{snapshot_id} cannot be marked verified: " + "; ".join(problems)
+        key = self._snapshot_key(model, snapshot_id)
+        with self._store.lock(self._model_scope(model)):
+            for _ in range(_ATTEMPTS):
+                snapshot, token = self._get(model, snapshot_id)
+                problems = self.check(snapshot)
+                if problems:
+                    raise SnapshotIntegrityError(
+                        f"{model}/{snapshot_id} cannot be marked verified: " + "; ".join(problems)
+                    )
+                updated = snapshot.model_copy(
+                    update={
+                        "verified_at": self._now() if verified_at is None else verified_at,
+                        "baselines": baselines,
+                    }
                 )
-            updated = snapshot.model_copy(
-                update={
-                    "verified_at": self._now() if verified_at is None else verified_at,
-                    "baselines": baselines,
-                }
-            )
-            write_json_atomic(
-                self._snapshot_path(model, snapshot_id), updated.model_dump(mode="json")
-            )
-        return updated
+                try:
+                    self._put(key, updated, if_version=token)
+                except RecordConflictError:
+                    continue
+                return updated
+        raise self._conflict(key, "the snapshot")
 
     # ---- active pointer ----------------------------------------------------------------------
 
-    def active_pointer(self, model: str) -> ActivePointer | None:
-        """The model's active pointer, or None when nothing was activated yet."""
-        path = self._active_path(model)
-        if not path.exists():
-            return None
-        pointer = _read_record(path, ActivePointer, "active pointer")
+    def _pointer(self, model: str, found: tuple[bytes, str]) -> ActivePointer:
+        where = self._store.where(self._active_key(model))
+        pointer = _decode(found[0], where, ActivePointer, "active pointer")
         if pointer.model != model:
             raise SnapshotCorruptError(
-                f"{path}: points for model {pointer.model!r}, expected {model!r}"
+                f"{where}: points for model {pointer.model!r}, expected {model!r}"
             )
         return pointer
+
+    def active_pointer(self, model: str) -> ActivePointer | None:
+        """The model's active pointer, or None when nothing was activated yet."""
+        found = self._raw(self._active_key(model), "active pointer")
+        return None if found is None else self._pointer(model, found)
 
     def active(self, model: str) -> Snapshot | None:
         """The snapshot the model serves, or None; an error if the pointer names a lost file."""
@@ -393,15 +493,17 @@ class SnapshotRegistry:
             return self.get(model, pointer.snapshot_id)
         except SnapshotNotFoundError:
             raise SnapshotNotFoundError(
-                f"{self._active_path(model)}: active snapshot {pointer.snapshot_id!r} of "
-                f"{model!r} is missing"
+                f"{self._store.where(self._active_key(model))}: active snapshot "
+                f"{pointer.snapshot_id!r} of {model!r} is missing"
             ) from None
 
     def activate(
         self, model: str, snapshot_id: str, verify: bool = True, when: float | None = None
     ) -> ActivePointer:
-        """Atomically point the model at a snapshot (hashes checked first unless verify=False)."""
-        with self._locked(self._model_dir(model)):
+        """Atomically point the model at a snapshot (hashes checked first unless verify=False);
+        SnapshotConflictError when another writer moved the pointer meanwhile."""
+        key = self._active_key(model)
+        with self._store.lock(self._model_scope(model)):
             snapshot = self.get(model, snapshot_id)
             if verify:
                 problems = self.check(snapshot)
@@ -409,12 +511,14 @@ class SnapshotRegistry:
                     raise SnapshotIntegrityError(
                         f"{model}/{snapshot_id} cannot be activated: " + "; ".join(problems)
                     )
-            try:
-                current = self.active_pointer(model)
-            except SnapshotCorruptError as exc:
-                # A broken pointer must not block switching to a good snapshot (it is the fix).
-                log.warning("replacing an unreadable active pointer: %s", exc)
-                current = None
+            found = self._raw(key, "active pointer")
+            current = None
+            if found is not None:
+                try:
+                    current = self._pointer(model, found)
+                except SnapshotCorruptError as exc:
+                    # A broken pointer must not block switching to a good snapshot (it is the fix).
+                    log.warning("replacing an unreadable active pointer: %s", exc)
             if current is not None and current.snapshot_id == snapshot_id:
                 return current  # idempotent: already active
             pointer = ActivePointer(
@@ -423,7 +527,19 @@ class SnapshotRegistry:
                 activated_at=self._now() if when is None else when,
                 previous_snapshot_id=current.snapshot_id if current else None,
             )
-            write_json_atomic(self._active_path(model), pointer.model_dump(mode="json"))
+            token = None if found is None else found[1]
+            try:
+                self._put(key, pointer, if_version=token, if_absent=token is None)
+            except RecordConflictError:
+                # Never retry over another writer's switch: it decided with what it knew.
+                winner = self.active_pointer(model)
+                if winner is not None and winner.snapshot_id == snapshot_id:
+                    return winner
+                raise SnapshotConflictError(
+                    f"{self._store.where(key)}: another writer moved the active pointer of "
+                    f"{model!r} (to {winner.snapshot_id if winner else None!r}) while "
+                    f"{snapshot_id!r} was being activated; read it again before retrying"
+                ) from None
         return pointer
 
     def previous_verified(self, model: str, before: str | None = None) -> Snapshot | None:
@@ -453,32 +569,40 @@ class SnapshotRegistry:
         self, adapter: str, when: float | None = None, path: Path | None = None
     ) -> Checkpoint:
         """Record a successful checkpoint of an adapter (never moves the time backwards)."""
-        directory = self._checkpoint_dir()
-        file = directory / f"{_encode(adapter)}.json"
+        key = f"checkpoints/{_encode(adapter)}.json"
         timestamp = self._now() if when is None else when
-        with self._locked(directory):
-            if file.exists():
-                current = _read_record(file, Checkpoint, "checkpoint record")
-                if current.last_success >= timestamp:
-                    return current
-            record = Checkpoint(
-                adapter=adapter,
-                last_success=timestamp,
-                path=str(Path(path).resolve()) if path is not None else None,
-            )
-            write_json_atomic(file, record.model_dump(mode="json"))
-        return record
+        with self._store.lock("checkpoints"):
+            for _ in range(_ATTEMPTS):
+                found = self._read(key, Checkpoint, "checkpoint record")
+                if found is not None and found[0].last_success >= timestamp:
+                    return found[0]
+                record = Checkpoint(
+                    adapter=adapter,
+                    last_success=timestamp,
+                    path=str(Path(path).resolve()) if path is not None else None,
+                )
+                token = None if found is None else found[1]
+                try:
+                    self._put(key, record, if_version=token, if_absent=token is None)
+                except RecordConflictError:
+                    continue
+                return record
+        raise self._conflict(key, "the checkpoint record")
 
     def checkpoints(self) -> builtins.list[Checkpoint]:
         """The last checkpoint of every adapter, by adapter name; corrupt records raise."""
-        directory = self._checkpoint_dir()
-        if not directory.is_dir():
-            return []
-        records = [
-            _read_record(file, Checkpoint, "checkpoint record")
-            for file in sorted(directory.glob("*.json"))
-            if not file.name.startswith(".")
-        ]
+        prefix = "checkpoints/"
+        try:
+            keys = self._store.list(prefix)
+        except RecordStoreError as exc:
+            raise SnapshotCorruptError(f"cannot list checkpoint records: {exc}") from None
+        records = []
+        for key in keys:
+            if "/" in key[len(prefix) :] or not key.endswith(".json"):
+                continue
+            found = self._read(key, Checkpoint, "checkpoint record")
+            if found is not None:
+                records.append(found[0])
         return sorted(records, key=lambda r: r.adapter)
 
 
