@@ -17,10 +17,9 @@ APT_NEEDED := $(shell command -v prometheus >/dev/null && command -v promtool >/
 PYTEST := $(VENV)/bin/pytest
 # Extra pytest arguments for `make pytest`/`test`/`test-fast` (e.g. PYTEST_ARGS='-k receiver').
 PYTEST_ARGS ?=
-# Parallel pytest workers of `make test`. The tests wait on real services far more than they
-# compute (about half of two cores is busy over the run), so twice as many workers as cores pays
-# off.
-PYTEST_WORKERS ?= 4
+# Parallel pytest workers of `make test` (tests/run.py reads it). The tests wait on real
+# services far more than they compute, so twice as many workers as cores pays off.
+export PYTEST_WORKERS ?= 4
 
 .PHONY: setup services demo test test-fast lint lint-imports typecheck typecheck-tree \
         generate-check pytest bench clean
@@ -41,7 +40,8 @@ services:
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(strip $(APT_NEEDED)) >/dev/null; \
 	fi
 
-# The stack stays up after the drills; `make demo DEMO_ARGS=--once` stops it.
+# Everything the demo starts stops when it ends or is interrupted; `DEMO_ARGS=--keep` leaves the
+# stack up (`redline down` stops it).
 DEMO_ARGS ?=
 demo: setup
 	$(REDLINE) demo $(DEMO_ARGS)
@@ -71,16 +71,12 @@ lint-imports: typecheck-tree
 generate-check: $(STAMP)
 	$(REDLINE) generate --check
 
-# Unit and integration tests in parallel workers (a file stays in one worker, so its module
-# fixtures start once), then the e2e drills in one process: they share one local stack and their
-# deadlines must not compete with other tests for the cores. Both parts run even if the first
-# fails. Exit 5 (no test ran) passes for one part only if the other ran tests.
+# The e2e drills (one process: they share one local stack, at normal priority) beside the unit
+# and integration tests (parallel workers, a file stays in one worker so its module fixtures
+# start once; niced, so the drills' deadlines keep their CPU): tests/run.py, exec'ed so that a
+# SIGTERM to make reaches it and it can stop both parts cleanly.
 pytest: setup
-	@set +e; \
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadfile --e2e=without --durations=15 $(PYTEST_ARGS); rest=$$?; \
-	$(PYTEST) --e2e=only --durations=10 $(PYTEST_ARGS); e2e=$$?; \
-	if [ $$rest = 5 ] && [ $$e2e = 5 ]; then echo "pytest: no test ran" >&2; exit 5; fi; \
-	for code in $$rest $$e2e; do [ $$code = 0 ] || [ $$code = 5 ] || exit $$code; done
+	exec $(PY) -m tests.run $(PYTEST_ARGS)
 
 test: setup lint typecheck generate-check lint-imports pytest
 

@@ -8,6 +8,7 @@ stack and their deadlines must not compete with other tests for the cores.
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import redis
 
 from redline.devstack.processes import Service, start_milvus_lite, start_redis
+from redline.devstack.tether import claim_ownership, reap_orphans
 
 TESTS = Path(__file__).resolve().parent
 KINDS = ("unit", "integration", "e2e")
@@ -29,6 +31,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="with",
         help="with (default), without or only the tests under tests/e2e",
     )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"pytest interrupted by {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Nothing a test starts outlives the run: SIGTERM and SIGHUP end it as Ctrl-C does (the
+    fixtures tear down), and this process owns every process started under it, so a worker or
+    a whole run killed outright is cleaned up by its tether (`redline.devstack.tether`). The
+    first process of a run also stops what an earlier run killed outright left behind."""
+    if not hasattr(config, "workerinput"):
+        reap_orphans()
+    claim_ownership()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 
 
 def kind_of(item: pytest.Item) -> str | None:

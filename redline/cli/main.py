@@ -277,9 +277,17 @@ def demo(
     run_dir: Annotated[
         Path, typer.Option("--run-dir", help="Run directory of the local stack.")
     ] = Path(".redline/run"),
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep",
+            help="Leave the stack running after the drills (`redline down` stops it); by "
+            "default the demo stops everything it started when it ends or is interrupted.",
+        ),
+    ] = False,
     once: Annotated[
         bool,
-        typer.Option("--once", help="Stop the stack after the drills instead of leaving it up."),
+        typer.Option("--once", hidden=True, help="The default now: stop after the drills."),
     ] = False,
     check_only: Annotated[
         bool, typer.Option("--check-only", help="Only generate and check; start no stack.")
@@ -301,7 +309,8 @@ def demo(
 ) -> None:
     """Generate and check everything, start the local stack, run every drill, print timings.
 
-    The stack stays up afterwards with its URLs printed (`--once` stops it).
+    Everything the demo started stops when it ends, fails or is interrupted; `--keep` leaves
+    the stack up with its URLs printed.
     """
     loaded, outputs = _generated(spec, None)
     console.print(f"spec {loaded.source}: valid ({len(loaded.warnings)} warning(s))", markup=False)
@@ -323,7 +332,7 @@ def demo(
         return
     from redline.cli.stack import run_demo
 
-    run_demo(run_dir, spec, once, rate, regions, source)
+    run_demo(run_dir, spec, keep and not once, rate, regions, source)
 
 
 sources_cli.register(app)  # light (the spec model only): registered eagerly, like validate

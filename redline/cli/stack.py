@@ -31,7 +31,12 @@ from redline.devstack.errors import (
     StackRunningError,
 )
 from redline.devstack.health import check_stack
-from redline.devstack.interrupts import InterruptGuard, interrupt_on_signals
+from redline.devstack.interrupts import (
+    InterruptGuard,
+    interrupt_as_keyboard,
+    interrupt_on_signals,
+    shield_cleanup,
+)
 from redline.devstack.layout import (
     ADAPTER_VERSIONS,
     DEFAULT_PODS,
@@ -52,6 +57,7 @@ from redline.devstack.parts import Say, part_alive
 from redline.devstack.report import TABLE_WIDTH, DrillBoard, build_report, render_json, write_json
 from redline.devstack.runtime import UpOptions, start_stack, stop_stack
 from redline.devstack.state import StackState, describe_urls, load_running, state_json
+from redline.devstack.tether import claim_ownership
 
 DEFAULT_RUN_DIR = Path(".redline/run")
 DEFAULT_ARTIFACT = Path(".redline/artifacts/drills.json")
@@ -383,18 +389,26 @@ def drill(
 def run_demo(
     run_dir: Path,
     spec: Path | None,
-    once: bool,
+    keep: bool,
     rate: float,
     regions: int | None = None,
     source: str | None = None,
 ) -> None:
-    """Stack up (or reuse the one running there) -> every drill -> timings -> URLs or down."""
+    """Stack up (or reuse the one running there) -> every drill -> timings -> down (or URLs).
+
+    Without `keep`, this process owns the stack it starts (`devstack.tether`): the stack stops
+    when the demo ends, fails or is interrupted (Ctrl-C, SIGTERM, a closed terminal), and a
+    demo killed outright is reaped by its tether within a second.
+    """
+    started_here = False
     try:
         state = load_running(run_dir)
         if state.status != "running" or not all(part_alive(p) for p in state.parts):
             raise StackError("not running")
         err.print(f"reusing the stack running in {run_dir}", markup=False)
     except StackError:
+        if not keep:
+            claim_ownership()
         try:
             with interrupt_on_signals() as guard:
                 options = UpOptions(
@@ -403,8 +417,17 @@ def run_demo(
                 state = bring_up(options, guard)
         except StackError as exc:
             raise _fail(exc) from None
-    results = run_drills_live(state, ["all"], DEFAULT_ARTIFACT)
-    if once:
+        started_here = True
+    try:
+        with interrupt_as_keyboard():
+            results = run_drills_live(state, ["all"], DEFAULT_ARTIFACT)
+    except KeyboardInterrupt as exc:
+        if started_here and not keep:
+            err.print(f"{exc or 'interrupted'}: stopping the stack", markup=False)
+            shield_cleanup()
+            down(run_dir)
+        raise typer.Exit(130) from None
+    if started_here and not keep:
         down(run_dir)
     else:
         print_urls(state)

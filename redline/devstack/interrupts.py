@@ -56,6 +56,22 @@ def interrupt_on_signals() -> Iterator[InterruptGuard]:
             signal.signal(sig, old)
 
 
+def _keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"interrupted by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def interrupt_as_keyboard() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGHUP end it as Ctrl-C does: KeyboardInterrupt, which
+    no `except Exception` of a drill swallows, so the caller's clean-up runs."""
+    previous = {sig: signal.signal(sig, _keyboard_interrupt) for sig in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def shield_cleanup() -> None:
     """Ignore further interrupts while the parts already started are being stopped."""
     if threading.current_thread() is threading.main_thread():
@@ -63,4 +79,4 @@ def shield_cleanup() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-__all__ = ["InterruptGuard", "interrupt_on_signals", "shield_cleanup"]
+__all__ = ["InterruptGuard", "interrupt_as_keyboard", "interrupt_on_signals", "shield_cleanup"]

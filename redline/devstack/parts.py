@@ -28,6 +28,7 @@ from redline.devstack.processes import (
     wait_until,
 )
 from redline.devstack.state import PartState, StackState, write_state
+from redline.devstack.tether import OWNER_ENV
 
 Say = Callable[[str], None]
 READY_PATHS = {
@@ -103,8 +104,9 @@ def find_strays(root: Path, known: Sequence[int] = ()) -> list[PartState]:
 
 
 def child_env() -> dict[str, str]:
-    """The environment of a part: ours without REDLINE_* (the settings file is the truth)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REDLINE_")}
+    """The environment of a part: ours without REDLINE_* (the settings file is the truth) but
+    the owner chain, which tethers the part to whoever owns this run (`devstack.tether`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDLINE_") or k == OWNER_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

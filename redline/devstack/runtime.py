@@ -90,6 +90,7 @@ from redline.devstack.processes import (
     start_sentinel,
 )
 from redline.devstack.state import PartState, StackState, read_state, write_state
+from redline.devstack.tether import reap_orphans
 from redline.generate.outputs import ALERTMANAGER_FILE, RULE_FILE, RULES_DIR, build_outputs
 from redline.slo.load import LoadedSpec, SpecError, apply_profile, load_spec
 from redline.slo.spec import Spec
@@ -205,6 +206,9 @@ def prepare_run_dir(layout: StackLayout, say: Say) -> None:
             f"{root}: stale run directory from a run that is no longer running "
             f"({len(state.parts)} recorded parts, none alive); cleaning up"
         )
+    orphans = reap_orphans()
+    if orphans:
+        say(f"stopped {len(orphans)} process(es) of earlier runs whose owner is gone: {orphans}")
     if root.exists():
         for stray in find_strays(root):
             say(f"stopping a stray process of an interrupted run (pid {stray.pid}): "
