@@ -137,14 +137,19 @@ def spawn_part(
     )
 
 
+def health_path(part: PartState) -> str | None:
+    """The path a redline HTTP part answers its health on (None: not an HTTP part)."""
+    if part.name.startswith("service-"):
+        return SERVICE_HEALTH_PATH
+    return READY_PATHS.get(
+        replica_base(part.name), "/healthz" if part.name.startswith("simulator-") else None
+    )
+
+
 def _ready_check(part: PartState) -> Callable[[], bool]:
     """Ready: the HTTP parts answer their health path, the others logged their start line (or,
     without one, have stayed up for a second)."""
-    path = READY_PATHS.get(
-        replica_base(part.name), "/healthz" if part.name.startswith("simulator-") else None
-    )
-    if part.name.startswith("service-"):
-        path = SERVICE_HEALTH_PATH
+    path = health_path(part)
     marker = LOG_MARKERS.get(part.name)
     if part.name.startswith(SESSION_SYNC_PREFIX):
         marker = SESSION_SYNC_MARKER

@@ -75,13 +75,20 @@ def build_rows(results: Sequence[DrillResult]) -> list[dict[str, str]]:
                 "remediate": _seconds(data["time_to_remediate"]),
                 "recover": _seconds(data["time_to_recover"]),
                 "lost": "n/a" if lost is None else str(lost),
-                "failed req": "-"
-                if data["failed_requests"] is None
-                else str(data["failed_requests"]),
+                "failed req": _failed(result),
                 "result": _verdict(result),
             }
         )
     return rows
+
+
+def _failed(result: DrillResult) -> str:
+    """`failed/allowed` (`-` when not counted; no bound shown when the drill's checks bound it)."""
+    if result.failed_requests is None:
+        return "-"
+    if result.allowed_failures is None:
+        return str(result.failed_requests)
+    return f"{result.failed_requests}/{result.allowed_failures}"
 
 
 def _verdict(result: DrillResult) -> str:

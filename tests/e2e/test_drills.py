@@ -96,7 +96,7 @@ def test_no_acknowledged_write_is_lost(drills: dict[str, DrillResult], name: str
     assert written > 10, result.lost_detail
 
 
-@pytest.mark.parametrize("name", [n for n in DRILL_ORDER if n != "regression"])
+@pytest.mark.parametrize("name", DRILL_ORDER)
 def test_users_see_no_failed_request(drills: dict[str, DrillResult], name: str) -> None:
     result = drills[name]
     assert result.failed_requests == 0, f"{result.failed_detail} {_explain(result)}"

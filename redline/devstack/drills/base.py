@@ -88,6 +88,10 @@ class DrillResult:
     lost_detail: str = ""
     failed_requests: int | None = None
     failed_detail: str = ""
+    allowed_failures: int | None = 0
+    """The user requests this drill may see fail (None: counted, bounded by its own checks)."""
+    allowance: str = ""
+    """Why that many."""
     expect_alert: bool = True
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -126,9 +130,18 @@ class DrillResult:
         return end - self.condition_delay <= self.budget_seconds + 2.0
 
     @property
+    def within_allowance(self) -> bool:
+        """No more user requests failed than the drill allows."""
+        allowed, failed = self.allowed_failures, self.failed_requests or 0
+        return allowed is None or failed <= allowed
+
+    @property
     def ok(self) -> bool:
-        """The loop closed (or, for a negative drill, stayed closed) and nothing was lost."""
+        """The loop closed (or, for a negative drill, stayed closed), nothing was lost and no
+        more user requests failed than the drill's allowance."""
         if self.error is not None or not all(check.ok for check in self.checks):
+            return False
+        if not self.within_allowance:
             return False
         if self.not_applicable is not None:
             return True
@@ -175,6 +188,8 @@ class DrillResult:
             "lost_detail": self.lost_detail,
             "failed_requests": self.failed_requests,
             "failed_detail": self.failed_detail,
+            "allowed_failures": self.allowed_failures,
+            "allowance": self.allowance,
             "job_id": self.job_id,
             "checks": [vars(check) for check in self.checks],
             "figures": [vars(figure) for figure in self.figures],

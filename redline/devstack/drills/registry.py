@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.breaker import drill_breaker
@@ -68,6 +69,25 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
 """The explicit registry of drills, by name."""
 
 
+@dataclass(frozen=True)
+class Allowance:
+    """How many user requests a drill may see fail, and why."""
+
+    failed_requests: int | None
+    why: str
+
+
+NO_FAILED_REQUEST = Allowance(
+    0,
+    "the platform promises that no user request fails: the fault is absorbed (reroute, "
+    "breaker, drain, a switch loaded alongside, Redis failing over behind 503 + Retry-After "
+    "to the receiver and the index writer, never to the gateway's clients) or is off the "
+    "serving path",
+)
+ALLOWANCES: dict[str, Allowance] = dict.fromkeys(DRILLS, NO_FAILED_REQUEST)
+"""Each drill's allowance of failed user requests (the board and the JSON show it)."""
+
+
 def resolve_names(names: Sequence[str]) -> list[str]:
     """The drills to run (`all` expands to every drill in DRILL_ORDER); DrillError if unknown."""
     wanted: list[str] = []
@@ -82,4 +102,4 @@ def resolve_names(names: Sequence[str]) -> list[str]:
     return wanted
 
 
-__all__ = ["DRILLS", "DRILL_NAMES", "DRILL_ORDER", "resolve_names"]
+__all__ = ["ALLOWANCES", "Allowance", "DRILLS", "DRILL_NAMES", "DRILL_ORDER", "resolve_names"]

@@ -10,6 +10,7 @@ from typing import Any
 from redline.devstack.config import pipeline_budget_seconds
 from redline.devstack.drills.base import DrillError, DrillResult, labels_match, parse_time
 from redline.devstack.drills.context import DrillContext
+from redline.devstack.drills.settle import diagnose, settle_seconds
 
 
 def budget_for(ctx: DrillContext, for_seconds: float) -> float:
@@ -19,12 +20,20 @@ def budget_for(ctx: DrillContext, for_seconds: float) -> float:
 
 
 def require_quiet(ctx: DrillContext, result: DrillResult, labels: Mapping[str, str]) -> None:
-    """The drill's alert must not be active before the fault (wait a little for a previous one)."""
+    """The drill's alert must not be active before the fault: wait for the stack to settle
+    (a previous drill, a busy machine) as long as the alert's evidence takes to clear, twice
+    over; then fail naming the figure, the machine's load and the slowest parts."""
 
     def quiet() -> bool | None:
         return True if not ctx.probe.alerts(result.alert, labels) else None
 
-    ctx.wait_for(result.drill, f"{result.alert} to be inactive before the fault", quiet, 90.0)
+    bound = settle_seconds(ctx.spec, result.alert, budget_for(ctx, 0.0))
+    what = f"{result.alert} to be inactive before the fault"
+    try:
+        ctx.wait_for(result.drill, what, quiet, bound)
+    except DrillError:
+        found = diagnose(ctx, result.alert, labels)
+        raise DrillError(f"the stack did not settle within {bound:.0f} s: {found}") from None
 
 
 def wait_firing(

@@ -15,9 +15,16 @@ from rich.console import Console
 
 from redline.cli.stack import DRILL_HELP
 from redline.devstack.drills.base import DrillError, DrillResult, labels_match, parse_time
-from redline.devstack.drills.registry import DRILL_NAMES, DRILL_ORDER, resolve_names
+from redline.devstack.drills.registry import (
+    ALLOWANCES,
+    DRILL_NAMES,
+    DRILL_ORDER,
+    DRILLS,
+    resolve_names,
+)
 from redline.devstack.drills.regression import regression_latency
 from redline.devstack.drills.run import drill_lock
+from redline.devstack.drills.settle import evidence_seconds, settle_seconds
 from redline.devstack.errors import PortInUseError, StackError
 from redline.devstack.layout import StackLayout
 from redline.devstack.loadgen import (
@@ -34,6 +41,7 @@ from redline.devstack.runtime import choose_ports, prepare_run_dir
 from redline.devstack.state import read_state
 from redline.platform.golden import GOLDEN_SET
 from redline.slo.load import apply_profile, load_spec
+from redline.slo.spec import parse_duration
 
 # ---- state and ports ---------------------------------------------------------------------------
 
@@ -241,3 +249,33 @@ def test_the_drill_report_fits_80_columns_without_cutting_a_cell() -> None:
             assert text in narrow, f"{row['drill']}: {header} {text!r} cut or missing"
     wide = _render(results, 200)
     assert "…" not in wide and "playbook start" in wide.splitlines()[2]  # the table's header
+
+
+def test_a_drill_with_more_failed_requests_than_its_allowance_is_not_ok() -> None:
+    closed: dict[str, object] = {"firing_at": 105.2, "notified_at": 106.0, "lost": 0,
+                                 "playbook_started_at": 106.3, "remediated_at": 108.0,
+                                 "recovered_at": 140.0}  # fmt: skip
+    assert _result(**closed, failed_requests=0).ok
+    over = _result(**closed, failed_requests=3)
+    assert not over.ok and not over.within_allowance
+    assert build_rows([over])[0]["failed req"] == "3/0"
+    assert build_rows([over])[0]["result"] == "FAILED"
+    counted = _result(**closed, failed_requests=3, allowed_failures=None)
+    assert counted.ok and build_rows([counted])[0]["failed req"] == "3"
+
+
+def test_every_drill_names_its_allowance_and_why() -> None:
+    for name in DRILLS:
+        allowance = ALLOWANCES[name]
+        assert allowance.why, name
+        assert allowance.failed_requests == 0, name  # no drill may fail a user request
+
+
+def test_the_settle_bound_follows_the_alerts_own_evidence() -> None:
+    spec = apply_profile(load_spec().spec, "local")
+    window = parse_duration(spec.red_lines.latency_p99.window)
+    latency = spec.red_lines.latency_p99
+    assert evidence_seconds(spec, "RedLineLatencyP99") == window + latency.for_seconds
+    gate = spec.rollback.window_seconds + spec.rollback.for_seconds
+    assert settle_seconds(spec, "SemanticRollbackTwoSignal", 6.0) == max(90.0, 2 * (gate + 6.0))
+    assert settle_seconds(spec, "SLIAbsent", 6.0) == 90.0
