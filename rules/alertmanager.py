@@ -18,6 +18,7 @@ from typing import Any
 from redline.rules.families.remediation import SUBJECT
 from redline.rules.model import RuleGroup, format_duration
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import (
     REMEDIATION_RECEIVER,
     EmailTarget,
@@ -214,7 +215,7 @@ def build_alertmanager_config(spec: Spec, groups: list[RuleGroup]) -> dict[str, 
             },
             {
                 # while the latency red line fires, its burn-rate page says nothing new
-                "source_matchers": ['alertname="RedLineLatencyP99"'],
+                "source_matchers": [f'alertname="{Alert.RED_LINE_LATENCY_P99}"'],
                 "target_matchers": ['slo="latency"'],
                 "equal": [],
             },

@@ -25,10 +25,12 @@ class _Dumper(_BaseDumper):  # type: ignore[misc,valid-type]
 
 def _str(dumper: yaml.BaseDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", str(value), style=style)
 
 
 _Dumper.add_representer(str, _str)
+# str subclasses (the alert catalog's StrEnum members) are their plain text.
+_Dumper.add_multi_representer(str, _str)
 
 
 def render_yaml(data: Any, source: str) -> str:

@@ -16,6 +16,7 @@ from pydantic import (
     model_validator,
 )
 
+from redline.slo import alerts
 from redline.slo.sources import (
     ProfileName,
     ResolvedSources,
@@ -171,8 +172,9 @@ class Rollback(_Model):
     on_mutation: bool = Field(
         False,
         description="Also run the playbook when a canary's answer mutates "
-        "(OutputConsistencyMutation) without the two signals; false: a mutation only records a "
-        "rollback candidate, and rolls back early only while the gate's conditions hold.",
+        f"({alerts.Alert.OUTPUT_CONSISTENCY_MUTATION}) without the two signals; false: a "
+        "mutation only records a rollback candidate, and rolls back early only while the gate's "
+        "conditions hold.",
     )
 
 
@@ -220,7 +222,9 @@ class Slo(_Model):
     period: Duration = Field("30d", description="Compliance period of the error budget.")
     sli: SlowRequestsSli | ErrorsSli = Field(discriminator="kind", description="What is bad.")
     alert_name: str | None = Field(
-        None, pattern=r"^[A-Z][A-Za-z0-9]*$", description="Defaults to <Name>ErrorBudgetBurn."
+        None,
+        pattern=r"^[A-Z][A-Za-z0-9]*$",
+        description=f"Defaults to <Name>{alerts.ERROR_BUDGET_BURN.suffix}.",
     )
     playbook: PlaybookName | None = Field(None, description="Playbook run on a page.")
     min_events: int = Field(
@@ -235,7 +239,7 @@ class Slo(_Model):
         """The burn-rate alert's name."""
         if self.alert_name:
             return self.alert_name
-        return "".join(part.capitalize() for part in self.name.split("_")) + "ErrorBudgetBurn"
+        return alerts.ERROR_BUDGET_BURN.for_slo(self.name)
 
 
 def _default_slos() -> tuple[Slo, ...]:
@@ -555,7 +559,7 @@ class Receiver(_Model):
         min_length=1,
         pattern=r'^[^"\\]+$',
         description="Regex (RE2, anchored) matching the Prometheus `job` label of the receiver's "
-        "scrape targets; ReceiverDown pages when one of them is down.",
+        f"scrape targets; {alerts.Alert.RECEIVER_DOWN} pages when one of them is down.",
     )
 
     @field_validator("scrape_job")
@@ -573,8 +577,8 @@ class Receiver(_Model):
 REMEDIATION_RECEIVER = "redline-remediation"
 """The Alertmanager receiver name of the remediation webhook (no human receiver may take it)."""
 
-Severity = Literal["critical", "page", "ticket", "warning"]
-"""Alert severities the rules use."""
+Severity = alerts.Severity
+"""Alert severities the rules use (the alert catalog's)."""
 
 PAGING_SEVERITIES: tuple[str, ...] = ("critical", "page")
 """Severities that must reach a human whenever `escalation` is set."""
@@ -734,7 +738,9 @@ class Breakers(_Model):
         3, ge=1, le=100, description="Probe attempts let through when half-open; all must pass."
     )
     alert_after: Duration = Field(
-        "5m", description="GatewayBreakerOpen fires when a breaker has not closed for this long."
+        "5m",
+        description=f"{alerts.Alert.GATEWAY_BREAKER_OPEN} fires when a breaker has not closed "
+        "for this long.",
     )
 
     @field_validator("window", "open_for", "alert_after")
@@ -876,7 +882,10 @@ class Quotas(_Model):
         256, description="Expected completion before an intent has samples (capped by max_tokens)."
     )
     throttle_alert_ratio: float = Field(
-        0.2, gt=0, lt=1, description="QuotaThrottlingSustained above this throttled share."
+        0.2,
+        gt=0,
+        lt=1,
+        description=f"{alerts.Alert.QUOTA_THROTTLING_SUSTAINED} above this throttled share.",
     )
     throttle_alert_for: Duration = Field("10m", description="... sustained this long.")
 

@@ -32,6 +32,7 @@ from redline.rules.records import (
     ttft_p99_record,
 )
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 SLUG = "model-drift"
@@ -60,7 +61,7 @@ def version_switch_annotation() -> AnnotationDef:
 
 def _versions(spec: Spec) -> Section:
     gate = spec.rollback
-    book = alert_runbook(spec, "SemanticRollbackTwoSignal")
+    book = alert_runbook(spec, Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL)
     records = rollback_records(spec)
     window = rollback_window(spec)
     by = "max by (model, model_version)"
@@ -167,7 +168,7 @@ def _versions(spec: Spec) -> Section:
 
 
 def _drift(spec: Spec) -> Section:
-    book = alert_runbook(spec, "EmbeddingDrift")
+    book = alert_runbook(spec, Alert.EMBEDDING_DRIFT)
     by = "max by (collection, method)"
     drift_score, drift_threshold = catalog.EMBEDDING_DRIFT_SCORE, catalog.EMBEDDING_DRIFT_THRESHOLD
     score = Query(f"{by} ({drift_score})", "{{collection}} {{method}}")
@@ -210,7 +211,7 @@ def serving_left_out(spec: Spec) -> dict[str, str]:
 
 
 def _serving(spec: Spec) -> Section:
-    book = alert_runbook(spec, "RedLineLatencyP99")
+    book = alert_runbook(spec, Alert.RED_LINE_LATENCY_P99)
     labels = f"{model_matcher()},{region_matcher('served_region')}"
     window = spec.red_lines.latency_p99.window
     tokens = tuple(
@@ -252,7 +253,7 @@ def build_model_drift_definition(spec: Spec) -> DashboardDef:
             version_switch_annotation(),
             alerts_annotation(
                 "Rollback and drift alerts",
-                'alertname=~"SemanticRollbackTwoSignal|EmbeddingDrift"',
+                f'alertname=~"{Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL}|{Alert.EMBEDDING_DRIFT}"',
                 "red",
             ),
         ),

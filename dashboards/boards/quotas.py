@@ -23,14 +23,15 @@ from redline.dashboards.panels import (
     bad_above,
 )
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 SLUG = "quotas"
-QUOTA_ALERTS = ("QuotaThrottlingSustained",)
+QUOTA_ALERTS = (Alert.QUOTA_THROTTLING_SUSTAINED,)
 
 
 def _traffic(spec: Spec) -> Section:
-    book = alert_runbook(spec, "QuotaThrottlingSustained")
+    book = alert_runbook(spec, Alert.QUOTA_THROTTLING_SUSTAINED)
     requests = catalog.LLM_QUOTA_REQUESTS_TOTAL
     tokens = catalog.LLM_QUOTA_TOKENS_TOTAL
     ratio = spec.quotas.throttle_alert_ratio
@@ -97,7 +98,7 @@ def _traffic(spec: Spec) -> Section:
 
 
 def _estimator(spec: Spec) -> Section:
-    book = alert_runbook(spec, "QuotaThrottlingSustained")
+    book = alert_runbook(spec, Alert.QUOTA_THROTTLING_SUSTAINED)
     bucket = catalog.LLM_TOKEN_ESTIMATE_ERROR_RATIO.bucket
     refunded = catalog.LLM_QUOTA_REFUNDED_TOKENS_TOTAL
     failures = catalog.LLM_QUOTA_STORE_FAILURES_TOTAL

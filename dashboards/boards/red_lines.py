@@ -28,6 +28,7 @@ from redline.dashboards.panels import (
 from redline.rules.model import number
 from redline.rules.records import p99_record, requests_total
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 SLUG = "red-lines"
@@ -55,7 +56,7 @@ def reroute_left_out(spec: Spec) -> dict[str, str]:
 def _latency(spec: Spec) -> Section:
     red = spec.red_lines.latency_p99
     limit = red.threshold_seconds
-    book = alert_runbook(spec, "RedLineLatencyP99")
+    book = alert_runbook(spec, Alert.RED_LINE_LATENCY_P99)
     quantile = f"P{number(red.quantile * 100)}"
     reroute = " incl. reroute" if measures_reroute(spec) else ""
     p99 = Query(f"max by (region) ({p99_record(spec)}{{{region_matcher()}}})", "{{region}}")
@@ -113,7 +114,7 @@ BREAKER_STATES = (
 def _breakers(spec: Spec) -> Section:
     """Each region's circuit breaker in the gateway (closed, half-open, open) and its
     transitions: an open breaker is why a region gets no traffic without a routing override."""
-    book = alert_runbook(spec, "GatewayBreakerOpen")
+    book = alert_runbook(spec, Alert.GATEWAY_BREAKER_OPEN)
     state = catalog.LLM_GATEWAY_BREAKER_STATE
     matcher = region_matcher()
     # max over the gateways: a region is shown open when any gateway skips it.
@@ -159,7 +160,7 @@ def _breakers(spec: Spec) -> Section:
 
 def _keepalive(spec: Spec) -> Section:
     keep = spec.red_lines.context_keepalive
-    book = alert_runbook(spec, "RedLineContextKeepalive")
+    book = alert_runbook(spec, Alert.RED_LINE_CONTEXT_KEEPALIVE)
     ttl = Query(f"min({catalog.SESSION_CONTEXT_TTL_SECONDS})", "effective TTL")
     canary = Query(f"min({catalog.SESSION_KEEPALIVE_PROBE_SUCCESS})", "canary sessions")
     evicted = Query(
@@ -196,7 +197,7 @@ def _keepalive(spec: Spec) -> Section:
 def _index(spec: Spec) -> Section:
     idx = spec.red_lines.index_consistency
     limit = idx.max_staleness_seconds
-    book = alert_runbook(spec, "RedLineIndexStaleness")
+    book = alert_runbook(spec, Alert.RED_LINE_INDEX_STALENESS)
     staleness = catalog.VECTORDB_INDEX_STALENESS_SECONDS
     worst = Query(f"max({staleness})", "worst replica")
     by_replica = Query(

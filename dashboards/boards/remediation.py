@@ -30,6 +30,7 @@ from redline.dashboards.panels import (
     two_state_mapping,
 )
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import PLAYBOOK_NAMES, Spec
 
 SLUG = "remediation"
@@ -126,8 +127,8 @@ def oldest_deadline_seconds(spec: Spec) -> float:
 def build_remediation_definition(spec: Spec) -> DashboardDef:
     """The remediation dashboard as data."""
     book = alert_runbook(spec, REMEDIATION_RUNBOOK)
-    freeze_book = alert_runbook(spec, "RedLineIndexStaleness")
-    audit_book = alert_runbook(spec, "AuditChainBroken")
+    freeze_book = alert_runbook(spec, Alert.RED_LINE_INDEX_STALENESS)
+    audit_book = alert_runbook(spec, Alert.AUDIT_CHAIN_BROKEN)
     alerts = catalog.REDLINE_WEBHOOK_ALERTS_TOTAL
     runs = catalog.REDLINE_REMEDIATION_RUNS_TOTAL
     duration = catalog.REDLINE_REMEDIATION_DURATION_SECONDS.bucket
@@ -188,9 +189,9 @@ def build_remediation_definition(spec: Spec) -> DashboardDef:
     overdue_by = Query(f"max by (playbook) ({overdue})", "{{playbook}}")
     oldest_now = Query(f"max(max by (playbook) ({oldest}))", "oldest")
     oldest_by = Query(f"max by (playbook) ({oldest})", "{{playbook}}")
-    stuck_book = alert_runbook(spec, "RemediationStuck")
-    disabled_book = alert_runbook(spec, "RemediationDisabled")
-    budget_book = alert_runbook(spec, "RemediationOverBudget")
+    stuck_book = alert_runbook(spec, Alert.REMEDIATION_STUCK)
+    disabled_book = alert_runbook(spec, Alert.REMEDIATION_DISABLED)
+    budget_book = alert_runbook(spec, Alert.REMEDIATION_OVER_BUDGET)
     deadline = oldest_deadline_seconds(spec)
     frozen = Query(f"max by (collection) ({catalog.VECTORDB_WRITE_FROZEN})", "{{collection}}")
     chain = Query(f"min by (copy) ({catalog.REDLINE_AUDIT_CHAIN_INTACT})", "{{copy}}")

@@ -19,6 +19,7 @@ from redline.dashboards.panels import (
 )
 from redline.rules.model import number
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import RpoTarget, Spec
 
 SLUG = "rpo"
@@ -33,8 +34,8 @@ HELD_DESCRIPTION = (
 DIVERGENT_DESCRIPTION = (
     "CRDT sessions changed recently (but not within the probe's settle time, the normal sync "
     "delay) whose state digests differ between the regions. Above zero for long: the sync is "
-    "cut, behind or failing (SessionCrdtDivergence); no data: the session_crdt probe is off or "
-    "failing (SessionCrdtSignalsAbsent)."
+    f"cut, behind or failing ({Alert.SESSION_CRDT_DIVERGENCE}); no data: the session_crdt probe "
+    f"is off or failing ({Alert.SESSION_CRDT_SIGNALS_ABSENT})."
 )
 CONVERGENCE_DESCRIPTION = (
     "Length of the last divergence, from the first probe run that saw divergent CRDT sessions "
@@ -49,13 +50,13 @@ def _crdt_section(spec: Spec) -> Section:
     lag = catalog.SESSION_CRDT_SYNC_LAG_SECONDS
     divergent = catalog.SESSION_CRDT_DIVERGENT_SESSIONS
     convergence = catalog.SESSION_CRDT_CONVERGENCE_SECONDS
-    divergence = alert_runbook(spec, "SessionCrdtDivergence")
+    divergence = alert_runbook(spec, Alert.SESSION_CRDT_DIVERGENCE)
     direction = "{{source_region}} → {{target_region}}"
     return Section(
         "Session state (CRDT sync between regions)",
         (
             *_pair(
-                alert_runbook(spec, "SessionCrdtRPOBreach"),
+                alert_runbook(spec, Alert.SESSION_CRDT_RPO_BREACH),
                 "CRDT sync lag: oldest delta not merged",
                 spec.rpo.session_crdt,
                 Query(f"max({lag})", "worst direction"),
@@ -113,9 +114,9 @@ def _pair(
 def build_rpo_definition(spec: Spec) -> DashboardDef:
     """The RPO dashboard as data."""
     rpo = spec.rpo
-    lora = alert_runbook(spec, "LoRACheckpointRPOBreach")
-    session = alert_runbook(spec, "SessionRPOBreach")
-    delta = alert_runbook(spec, "IndexDeltaLogRPOBreach")
+    lora = alert_runbook(spec, Alert.LORA_CHECKPOINT_RPO_BREACH)
+    session = alert_runbook(spec, Alert.SESSION_RPO_BREACH)
+    delta = alert_runbook(spec, Alert.INDEX_DELTA_LOG_RPO_BREACH)
     cdc_lag = catalog.SESSION_CDC_RPO_SECONDS
     oldest = catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS
     entries = catalog.VECTORDB_DELTA_LOG_PENDING_ENTRIES

@@ -27,10 +27,15 @@ from redline.dashboards.panels import (
 from redline.rules.model import number
 from redline.rules.records import spot_p95_record
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 SLUG = "spot"
-SPOT_ALERTS = ("SpotPreemptionNotice", "SpotNoticeToDrainingSlow", "SpotReplacementSlow")
+SPOT_ALERTS = (
+    Alert.SPOT_PREEMPTION_NOTICE,
+    Alert.SPOT_NOTICE_TO_DRAINING_SLOW,
+    Alert.SPOT_REPLACEMENT_SLOW,
+)
 NODE_STATES = ("ready", "draining", "terminating", "recovered")
 """`llm_node_state`'s `state` values in state-machine order (the panel's value is the index);
 the dashboards layer sits below `redline.platform.spot`, so they are listed, not imported."""
@@ -58,8 +63,8 @@ def _state_index_expr() -> str:
 
 
 def _notice(spec: Spec) -> Section:
-    book = alert_runbook(spec, "SpotNoticeToDrainingSlow")
-    notice_book = alert_runbook(spec, "SpotPreemptionNotice")
+    book = alert_runbook(spec, Alert.SPOT_NOTICE_TO_DRAINING_SLOW)
+    notice_book = alert_runbook(spec, Alert.SPOT_PREEMPTION_NOTICE)
     target = spec.spot.notice_to_draining_p95_seconds
     window = spec.spot.alert_window
     bucket = catalog.LLM_SPOT_NOTICE_TO_DRAINING_SECONDS.bucket
@@ -104,7 +109,7 @@ def _notice(spec: Spec) -> Section:
 
 
 def _triage(spec: Spec) -> Section:
-    book = alert_runbook(spec, "SpotPreemptionNotice")
+    book = alert_runbook(spec, Alert.SPOT_PREEMPTION_NOTICE)
     interrupted = catalog.LLM_SPOT_INTERRUPTED_REQUESTS_TOTAL
     wasted = catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL
     aborted = catalog.LLM_SPOT_INFLIGHT_ABORTED_RATIO
@@ -183,7 +188,7 @@ def _triage(spec: Spec) -> Section:
 
 
 def _replacement(spec: Spec) -> Section:
-    book = alert_runbook(spec, "SpotReplacementSlow")
+    book = alert_runbook(spec, Alert.SPOT_REPLACEMENT_SLOW)
     panels: list[PanelDef] = [
         PanelDef(
             "state",

@@ -7,6 +7,7 @@ from redline.rules.common import alert_rule
 from redline.rules.model import RuleGroup
 from redline.rules.promtool_cases import AlertIndex, Case, constant, expected, series
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
 STATES = ("closed", "open", "half_open")
@@ -19,7 +20,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     state = catalog.LLM_GATEWAY_BREAKER_STATE
     rule = alert_rule(
         spec,
-        "GatewayBreakerOpen",
+        Alert.GATEWAY_BREAKER_OPEN,
         f'min by (region) ({state}{{state="closed"}}) == 0',
         parse_duration(breakers.alert_after),
         "page",
@@ -59,7 +60,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     open for less than alert_after stay silent."""
     after = parse_duration(spec.breakers.alert_after)
     steps = int(after // 60) + 10  # one sample a minute (the cases' interval)
-    rule = alerts.get("GatewayBreakerOpen")
+    rule = alerts.get(Alert.GATEWAY_BREAKER_OPEN)
     stuck = {**_states("primary", "open", steps), **_flapping("secondary", steps)}
     # Open only for the last minutes: closed until then.
     recent_steps = steps - int(after // 60) + 2
@@ -82,7 +83,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             eval_at,
             [
                 (
-                    "GatewayBreakerOpen",
+                    Alert.GATEWAY_BREAKER_OPEN,
                     [
                         expected(rule, {"region": "primary"}, 0),
                         expected(rule, {"region": "secondary"}, 0),
@@ -94,6 +95,6 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             "breakers: closed, or open for less than alert_after, stays silent",
             recent,
             eval_at,
-            [("GatewayBreakerOpen", [])],
+            [(Alert.GATEWAY_BREAKER_OPEN, [])],
         ),
     ]

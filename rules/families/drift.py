@@ -9,6 +9,7 @@ from redline.rules.common import alert_rule
 from redline.rules.model import RuleGroup
 from redline.rules.promtool_cases import AlertIndex, Case, constant, expected, series
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 
@@ -17,7 +18,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     on = "on (collection, method)"
     rule = alert_rule(
         spec,
-        "EmbeddingDrift",
+        Alert.EMBEDDING_DRIFT,
         f"max by (collection, method) ({catalog.EMBEDDING_DRIFT_SCORE})\n> {on}\n"
         f"max by (collection, method) ({catalog.EMBEDDING_DRIFT_THRESHOLD})",
         spec.drift.for_seconds,
@@ -44,6 +45,6 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 series(catalog.EMBEDDING_DRIFT_THRESHOLD, steady): constant(0.01, for_minutes + 5),
             },
             for_minutes * 60,
-            [("EmbeddingDrift", [expected(alerts.get("EmbeddingDrift"), drifted, 0.05)])],
+            [(Alert.EMBEDDING_DRIFT, [expected(alerts.get(Alert.EMBEDDING_DRIFT), drifted, 0.05)])],
         )
     ]

@@ -18,6 +18,7 @@ from redline.rules.promtool_cases import (
 )
 from redline.rules.records import request_duration
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 
@@ -65,7 +66,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         rules.append(
             alert_rule(
                 spec,
-                "SLIAbsent",
+                Alert.SLI_ABSENT,
                 f"absent({name})",
                 timing.absent_for_seconds,
                 "page",
@@ -78,7 +79,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules.append(
         alert_rule(
             spec,
-            "SLIStale",
+            Alert.SLI_STALE,
             f"time() - max by (probe) ({catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS}) "
             f"> {number(timing.probe_stale_after_seconds)}",
             0,
@@ -91,7 +92,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules.append(
         alert_rule(
             spec,
-            "SessionCrdtSignalsAbsent",
+            Alert.SESSION_CRDT_SIGNALS_ABSENT,
             crdt_guard_expr(),
             timing.absent_for_seconds,
             "page",
@@ -105,7 +106,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules.append(
         alert_rule(
             spec,
-            "AuditChainBroken",
+            Alert.AUDIT_CHAIN_BROKEN,
             f"min by (copy) ({catalog.REDLINE_AUDIT_CHAIN_INTACT}) == 0",
             0,
             "page",
@@ -123,7 +124,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     minutes = math.ceil(spec.timing.absent_for_seconds / 60) + 5
     guarded = guarded_series(spec)
     every_sli = {name: constant(1, minutes) for _, name in guarded}
-    absent = [expected(alerts.get("SLIAbsent", sli=sli), {}, 1) for sli, _ in sorted(guarded)]
+    absent = [expected(alerts.get(Alert.SLI_ABSENT, sli=sli), {}, 1) for sli, _ in sorted(guarded)]
     stale_after = spec.timing.probe_stale_after_seconds
     eval_at = minutes * 60
     last_success = catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS
@@ -132,39 +133,44 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         catalog.SESSION_CRDT_SYNC_LAG_SECONDS, {"source_region": "eu", "target_region": "us"}
     )
     crdt_present = {series(metric): constant(0, minutes) for metric in CRDT_SERIES[1:]}
-    crdt_alert = [expected(alerts.get("SessionCrdtSignalsAbsent"), {}, 1)]
+    crdt_alert = [expected(alerts.get(Alert.SESSION_CRDT_SIGNALS_ABSENT), {}, 1)]
     return [
         Case(
             "CRDT guard: the probe runs and fails (its gauges dropped) pages",
             {crdt_probe: constant(0, minutes)},
             eval_at,
-            [("SessionCrdtSignalsAbsent", crdt_alert)],
+            [(Alert.SESSION_CRDT_SIGNALS_ABSENT, crdt_alert)],
         ),
         Case(
             "CRDT guard: one CRDT series missing while the others are there pages",
             {crdt_probe: constant(1, minutes), **crdt_present},
             eval_at,
-            [("SessionCrdtSignalsAbsent", crdt_alert)],
+            [(Alert.SESSION_CRDT_SIGNALS_ABSENT, crdt_alert)],
         ),
         Case(
             "CRDT guard: every CRDT series present is silent",
             {crdt_probe: constant(1, minutes), lag: constant(0, minutes), **crdt_present},
             eval_at,
-            [("SessionCrdtSignalsAbsent", [])],
+            [(Alert.SESSION_CRDT_SIGNALS_ABSENT, [])],
         ),
         Case(
             "CRDT guard: no CRDT probe deployed (one region) is silent",
             every_sli,
             eval_at,
-            [("SessionCrdtSignalsAbsent", [])],
+            [(Alert.SESSION_CRDT_SIGNALS_ABSENT, [])],
         ),
         Case(
             "absent guard: no SLI series at all pages for each",
             {},
             eval_at,
-            [("SLIAbsent", absent)],
+            [(Alert.SLI_ABSENT, absent)],
         ),
-        Case("absent guard: every SLI present is silent", every_sli, eval_at, [("SLIAbsent", [])]),
+        Case(
+            "absent guard: every SLI present is silent",
+            every_sli,
+            eval_at,
+            [(Alert.SLI_ABSENT, [])],
+        ),
         Case(
             "stale guard: a probe whose last success is old fires, a fresh one does not",
             {
@@ -174,10 +180,10 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             max(eval_at, math.ceil(stale_after / 60 + 1) * 60),
             [
                 (
-                    "SLIStale",
+                    Alert.SLI_STALE,
                     [
                         expected(
-                            alerts.get("SLIStale"),
+                            alerts.get(Alert.SLI_STALE),
                             {"probe": "dead"},
                             float(max(eval_at, math.ceil(stale_after / 60 + 1) * 60)),
                         )
@@ -192,6 +198,11 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 series(catalog.REDLINE_AUDIT_CHAIN_INTACT, {"copy": "file"}): constant(0, minutes),
             },
             eval_at,
-            [("AuditChainBroken", [expected(alerts.get("AuditChainBroken"), {"copy": "file"}, 0)])],
+            [
+                (
+                    Alert.AUDIT_CHAIN_BROKEN,
+                    [expected(alerts.get(Alert.AUDIT_CHAIN_BROKEN), {"copy": "file"}, 0)],
+                )
+            ],
         ),
     ]

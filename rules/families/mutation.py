@@ -26,6 +26,7 @@ from redline.rules.families.rollback import VERSION, _gate_series, rollback_gate
 from redline.rules.model import RuleGroup, number
 from redline.rules.promtool_cases import AlertIndex, Case, constant, expected, series
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 MIN_CHANGES = 4
@@ -37,8 +38,8 @@ MUTATION_FOR_SECONDS = 0
 until an answer is accepted; the first evaluation that sees it fires (recording a candidate
 changes nothing on the platform)."""
 CANDIDATE_PLAYBOOK = "rollback_candidate"
-GATE_ALERT = "SemanticRollbackTwoSignal"
-ROLLBACK_ALERT = "OutputConsistencyMutationRollback"
+GATE_ALERT = Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL
+ROLLBACK_ALERT = Alert.OUTPUT_CONSISTENCY_MUTATION_ROLLBACK
 """The mutation of a model version that rolls it back (before the gate's `for` is out, or on
 any mutation with `rollback.on_mutation`)."""
 KEY = (catalog.LABEL_MODEL, catalog.LABEL_MODEL_VERSION, catalog.LABEL_REGION, "prompt")
@@ -78,7 +79,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules = [
         alert_rule(
             spec,
-            "OutputConsistencyMutation",
+            Alert.OUTPUT_CONSISTENCY_MUTATION,
             mutation_expr(),
             MUTATION_FOR_SECONDS,
             "warning",
@@ -133,7 +134,7 @@ def _mutation_series(changes: float, score: float, steps: int, diff: bool = True
 def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """A mutation fires with its diff; too few changes, too low a score, an unchanged answer stay
     silent; the rollback fires as the spec says (on_mutation, gate, never beside the gate)."""
-    rule = alerts.get("OutputConsistencyMutation")
+    rule = alerts.get(Alert.OUTPUT_CONSISTENCY_MUTATION)
     fires = [expected(rule, {**CANARY, "diff": DIFF}, 0.818182)]
     cases = [
         ("a short answer with 9 changed tokens fires, diff attached", 9, 0.818182, fires),
@@ -146,7 +147,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             f"output mutation: {title}",
             _mutation_series(changes, score, 10, diff=changes > 0),
             300,
-            [("OutputConsistencyMutation", expected_alerts)],
+            [(Alert.OUTPUT_CONSISTENCY_MUTATION, expected_alerts)],
         )
         for title, changes, score, expected_alerts in cases
     ]

@@ -7,6 +7,7 @@ from redline.rules.common import alert_rule
 from redline.rules.model import RuleGroup
 from redline.rules.promtool_cases import AlertIndex, Case, counter, expected, series
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
 WINDOW = "5m"
@@ -27,7 +28,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     quotas = spec.quotas
     rule = alert_rule(
         spec,
-        "QuotaThrottlingSustained",
+        Alert.QUOTA_THROTTLING_SUSTAINED,
         f"{throttled_ratio_expr()} > {quotas.throttle_alert_ratio:g}",
         parse_duration(quotas.throttle_alert_for),
         "ticket",
@@ -57,7 +58,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     below the ratio, and one throttled for less than the duration, stay silent."""
     after = parse_duration(spec.quotas.throttle_alert_for)
     steps = int(after // 60) + 10  # one sample a minute
-    rule = alerts.get("QuotaThrottlingSustained")
+    rule = alerts.get(Alert.QUOTA_THROTTLING_SUSTAINED)
     ratio = spec.quotas.throttle_alert_ratio
     low = ratio / 2  # throttled share well under the alert's
     name = catalog.LLM_QUOTA_REQUESTS_TOTAL
@@ -79,12 +80,12 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 **_traffic("globex", 100 * (1 - low), 100 * low, steps),
             },
             steps * 60,
-            [("QuotaThrottlingSustained", [expected(rule, {"tenant": "acme"}, 0.5)])],
+            [(Alert.QUOTA_THROTTLING_SUSTAINED, [expected(rule, {"tenant": "acme"}, 0.5)])],
         ),
         Case(
             "quotas: throttling for less than throttle_alert_for stays silent",
             recent,
             steps * 60,
-            [("QuotaThrottlingSustained", [])],
+            [(Alert.QUOTA_THROTTLING_SUSTAINED, [])],
         ),
     ]

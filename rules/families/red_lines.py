@@ -17,6 +17,7 @@ from redline.rules.promtool_cases import (
 )
 from redline.rules.records import p99_record
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
 
@@ -32,7 +33,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules = (
         alert_rule(
             spec,
-            "RedLineLatencyP99",
+            Alert.RED_LINE_LATENCY_P99,
             f"{p99_record(spec)} > {number(lat.threshold_seconds)}",
             lat.for_seconds,
             "critical",
@@ -45,7 +46,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "RedLineContextKeepalive",
+            Alert.RED_LINE_CONTEXT_KEEPALIVE,
             f"min({catalog.SESSION_KEEPALIVE_PROBE_SUCCESS}) == 0\n"
             f"or\nmin({catalog.SESSION_CONTEXT_TTL_SECONDS}) < {number(keep.min_seconds)}\n"
             f"or\nsum(increase({catalog.SESSION_CONTEXT_EVICTED_TOTAL}[{short}])) > 0",
@@ -60,7 +61,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "RedLineIndexStaleness",
+            Alert.RED_LINE_INDEX_STALENESS,
             f"max by (collection, replica) ({catalog.VECTORDB_INDEX_STALENESS_SECONDS}) "
             f"> {number(idx.max_staleness_seconds)}",
             idx.for_seconds,
@@ -98,14 +99,14 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         900,
         [
             (
-                "RedLineLatencyP99",
-                [expected(alerts.get("RedLineLatencyP99"), {"region": primary}, p99)],
+                Alert.RED_LINE_LATENCY_P99,
+                [expected(alerts.get(Alert.RED_LINE_LATENCY_P99), {"region": primary}, p99)],
             )
         ],
         interval_seconds=step,
     )
     keep = red.context_keepalive
-    keep_rule = alerts.get("RedLineContextKeepalive")
+    keep_rule = alerts.get(Alert.RED_LINE_CONTEXT_KEEPALIVE)
     keep_cases = [
         Case(
             "keep-alive red line: a dead canary session fires",
@@ -115,7 +116,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 series(catalog.SESSION_CONTEXT_EVICTED_TOTAL): constant(0, 20),
             },
             600,
-            [("RedLineContextKeepalive", [expected(keep_rule, {}, 0)])],
+            [(Alert.RED_LINE_CONTEXT_KEEPALIVE, [expected(keep_rule, {}, 0)])],
         ),
         Case(
             "keep-alive red line: a TTL under the minimum fires",
@@ -125,7 +126,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 series(catalog.SESSION_CONTEXT_EVICTED_TOTAL): constant(0, 20),
             },
             600,
-            [("RedLineContextKeepalive", [expected(keep_rule, {}, keep.min_seconds - 1)])],
+            [(Alert.RED_LINE_CONTEXT_KEEPALIVE, [expected(keep_rule, {}, keep.min_seconds - 1)])],
         ),
         Case(
             "keep-alive red line: evictions before the minimum fire",
@@ -137,7 +138,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 ): "0x20 1+1x60",  # one eviction every 15 s
             },
             600,
-            [("RedLineContextKeepalive", [expected(keep_rule, {}, 4)])],
+            [(Alert.RED_LINE_CONTEXT_KEEPALIVE, [expected(keep_rule, {}, 4)])],
             interval_seconds=15,
         ),
         Case(
@@ -148,7 +149,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 series(catalog.SESSION_CONTEXT_EVICTED_TOTAL): constant(3, 20),
             },
             600,
-            [("RedLineContextKeepalive", [])],
+            [(Alert.RED_LINE_CONTEXT_KEEPALIVE, [])],
         ),
     ]
     limit = red.index_consistency.max_staleness_seconds
@@ -164,8 +165,8 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         600,
         [
             (
-                "RedLineIndexStaleness",
-                [expected(alerts.get("RedLineIndexStaleness"), stale_labels, limit + 1)],
+                Alert.RED_LINE_INDEX_STALENESS,
+                [expected(alerts.get(Alert.RED_LINE_INDEX_STALENESS), stale_labels, limit + 1)],
             )
         ],
     )

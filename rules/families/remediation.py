@@ -21,6 +21,7 @@ from redline.rules.promtool_cases import (
     series,
 )
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import PlaybookPolicy, Spec
 
 FAILED = "failed"
@@ -94,7 +95,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules: list[AlertRule] = [
         alert_rule(
             spec,
-            "RemediationFailed",
+            Alert.REMEDIATION_FAILED,
             outcome_increase(spec, FAILED),
             0,
             "page",
@@ -105,7 +106,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "RemediationStuck",
+            Alert.REMEDIATION_STUCK,
             f"{per_playbook(str(catalog.REDLINE_REMEDIATION_JOBS_OVERDUE))} > 0",
             0,
             "page",
@@ -118,7 +119,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "RemediationDisabled",
+            Alert.REMEDIATION_DISABLED,
             f"{per_playbook(str(catalog.REDLINE_REMEDIATION_BREAKER_OPEN))} == 1",
             0,
             "page",
@@ -129,7 +130,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "RemediationOverBudget",
+            Alert.REMEDIATION_OVER_BUDGET,
             outcome_increase(spec, OVER_BUDGET),
             0,
             "page",
@@ -140,7 +141,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "ReceiverDown",
+            Alert.RECEIVER_DOWN,
             receiver_target_down_expr(spec),
             timing.absent_for_seconds,
             "page",
@@ -151,7 +152,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "ReceiverDown",
+            Alert.RECEIVER_DOWN,
             receiver_unscraped_expr(spec),
             timing.absent_for_seconds,
             "page",
@@ -216,24 +217,26 @@ def _gauge_case(name: str, alert: str, metric: catalog.Metric, bad: float, rule:
 
 def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """Each alert fires on its bad input and stays silent on the good one beside it."""
-    cases = _outcome_cases(spec, alerts, "RemediationFailed", FAILED)
-    cases += _outcome_cases(spec, alerts, "RemediationOverBudget", OVER_BUDGET)
+    cases = _outcome_cases(spec, alerts, Alert.REMEDIATION_FAILED, FAILED)
+    cases += _outcome_cases(spec, alerts, Alert.REMEDIATION_OVER_BUDGET, OVER_BUDGET)
     cases.append(
         _gauge_case(
-            "remediation: overdue jobs of one playbook fire RemediationStuck, none is silent",
-            "RemediationStuck",
+            f"remediation: overdue jobs of one playbook fire {Alert.REMEDIATION_STUCK}, "
+            "none is silent",
+            Alert.REMEDIATION_STUCK,
             catalog.REDLINE_REMEDIATION_JOBS_OVERDUE,
             2,
-            alerts.get("RemediationStuck"),
+            alerts.get(Alert.REMEDIATION_STUCK),
         )
     )
     cases.append(
         _gauge_case(
-            "remediation: an open breaker fires RemediationDisabled, a closed one is silent",
-            "RemediationDisabled",
+            f"remediation: an open breaker fires {Alert.REMEDIATION_DISABLED}, a closed one "
+            "is silent",
+            Alert.REMEDIATION_DISABLED,
             catalog.REDLINE_REMEDIATION_BREAKER_OPEN,
             1,
-            alerts.get("RemediationDisabled"),
+            alerts.get(Alert.REMEDIATION_DISABLED),
         )
     )
     cases.extend(_receiver_cases(spec, alerts))
@@ -245,8 +248,8 @@ def _receiver_cases(spec: Spec, alerts: AlertIndex) -> list[Case]:
     series from the job pages once; receivers up and answering, beside another job that is
     down and a receiver series of another job, are silent."""
     minutes = math.ceil(spec.timing.absent_for_seconds / 60) + 5
-    down = alerts.get("ReceiverDown", cause="target_down")
-    unscraped = alerts.get("ReceiverDown", cause="no_series")
+    down = alerts.get(Alert.RECEIVER_DOWN, cause="target_down")
+    unscraped = alerts.get(Alert.RECEIVER_DOWN, cause="no_series")
     job = _a_job(spec.receiver.scrape_job)
     other = _other_job(spec.receiver.scrape_job)
     alerts_total = catalog.REDLINE_WEBHOOK_ALERTS_TOTAL
@@ -267,19 +270,19 @@ def _receiver_cases(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 **present,
             },
             eval_at,
-            [("ReceiverDown", [expected(down, first, 0)])],
+            [(Alert.RECEIVER_DOWN, [expected(down, first, 0)])],
         ),
         Case(
             "receiver: no receiver series from the receiver's job pages",
             elsewhere,
             eval_at,
-            [("ReceiverDown", [expected(unscraped, {}, 1)])],
+            [(Alert.RECEIVER_DOWN, [expected(unscraped, {}, 1)])],
         ),
         Case(
             "receiver: receivers up and answering are silent (another job down is not theirs)",
             {series("up", first): constant(1, minutes), **present, **elsewhere},
             eval_at,
-            [("ReceiverDown", [])],
+            [(Alert.RECEIVER_DOWN, [])],
         ),
     ]
 

@@ -22,6 +22,7 @@ from redline.rules.promtool_cases import (
 )
 from redline.rules.records import rollback_records, rollback_window
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 FLOAT_GUARD = 1e-9
@@ -65,7 +66,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     gate = spec.rollback
     rule = alert_rule(
         spec,
-        "SemanticRollbackTwoSignal",
+        Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL,
         rollback_gate_expr(spec),
         gate.for_seconds,
         "critical",
@@ -125,7 +126,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """The two-signal gate: both fire; either alone, too few requests or verdicts, boundaries;
     the Wilson bound on one wrong answer and on a true drop; the raw series end to end."""
     gate = spec.rollback
-    rule = alerts.get("SemanticRollbackTwoSignal")
+    rule = alerts.get(Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL)
     base_p99, base_acc = 0.5, 0.9
     up = base_p99 * (1 + gate.p99_increase_ratio)  # exactly +ratio: fires
     slow = up * 1.2
@@ -134,7 +135,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     exactly_down = round(base_acc - gate.accuracy_drop, 9)  # exactly the drop: silent
     enough, too_few = gate.min_samples * 2, gate.min_samples - 1
     verdicts, too_few_verdicts = gate.min_eval_samples * 2, gate.min_eval_samples - 1
-    name = "SemanticRollbackTwoSignal"
+    name = Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL
     fires = [expected(rule, VERSION, slow)]
     cases = [
         ("two signals with enough requests fire", slow, down, enough, verdicts, fires),
@@ -198,7 +199,12 @@ def _wilson_cases(spec: Spec, rule: AlertRule, slow: float, enough: int) -> list
                 f"rollback gate: {title} {'fires' if fires else 'stays silent'}",
                 _gate_series(spec, slow, 0.5, accuracy, baseline, enough, n, bound=False),
                 600,
-                [("SemanticRollbackTwoSignal", [expected(rule, VERSION, slow)] if fires else [])],
+                [
+                    (
+                        Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL,
+                        [expected(rule, VERSION, slow)] if fires else [],
+                    )
+                ],
             )
         )
     return out
@@ -236,7 +242,7 @@ def _rollback_from_raw(spec: Spec, rule: AlertRule) -> list[Case]:
                 f"rollback gate: {title}",
                 inputs,
                 1200,
-                [("SemanticRollbackTwoSignal", alerts_expected)],
+                [(Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL, alerts_expected)],
             )
         )
     return out

@@ -15,6 +15,7 @@ from redline.rules.promtool_cases import (
     series,
 )
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 ID_CONFLICTS_PER_MINUTE = 1.0
@@ -30,7 +31,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     rules = (
         alert_rule(
             spec,
-            "LoRACheckpointRPOBreach",
+            Alert.LORA_CHECKPOINT_RPO_BREACH,
             f"time() - max by (adapter) ({checkpoint}) > {number(rpo.lora_adapter.max_seconds)}",
             rpo.lora_adapter.for_seconds,
             "critical",
@@ -42,7 +43,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "SessionRPOBreach",
+            Alert.SESSION_RPO_BREACH,
             f"max by (stream, group) ({catalog.SESSION_CDC_RPO_SECONDS}) "
             f"> {number(rpo.session_state.max_seconds)}",
             rpo.session_state.for_seconds,
@@ -55,7 +56,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "IndexDeltaLogRPOBreach",
+            Alert.INDEX_DELTA_LOG_RPO_BREACH,
             f"max by (collection) ({catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS}) "
             f"> {number(rpo.embedding_index.max_seconds)}",
             rpo.embedding_index.for_seconds,
@@ -68,7 +69,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "IndexIDConflictRate",
+            Alert.INDEX_ID_CONFLICT_RATE,
             f"sum by (collection) (rate({catalog.VECTORDB_ID_CONFLICTS_TOTAL}[10m])) * 60 "
             f"> {number(ID_CONFLICTS_PER_MINUTE)}",
             ID_CONFLICTS_FOR_SECONDS,
@@ -81,7 +82,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "SessionCrdtRPOBreach",
+            Alert.SESSION_CRDT_RPO_BREACH,
             f"max by (source_region, target_region) ({catalog.SESSION_CRDT_SYNC_LAG_SECONDS}) "
             f"> {number(rpo.session_crdt.max_seconds)}",
             rpo.session_crdt.for_seconds,
@@ -96,7 +97,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         ),
         alert_rule(
             spec,
-            "SessionCrdtDivergence",
+            Alert.SESSION_CRDT_DIVERGENCE,
             f"max({catalog.SESSION_CRDT_DIVERGENT_SESSIONS}) > 0",
             rpo.session_crdt.for_seconds,
             "warning",
@@ -132,8 +133,8 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             1500,
             [
                 (
-                    "IndexIDConflictRate",
-                    [expected(alerts.get("IndexIDConflictRate"), {"collection": "a"}, 3.0)],
+                    Alert.INDEX_ID_CONFLICT_RATE,
+                    [expected(alerts.get(Alert.INDEX_ID_CONFLICT_RATE), {"collection": "a"}, 3.0)],
                 )
             ],
         ),
@@ -146,8 +147,14 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             600,
             [
                 (
-                    "LoRACheckpointRPOBreach",
-                    [expected(alerts.get("LoRACheckpointRPOBreach"), {"adapter": "old"}, lora_age)],
+                    Alert.LORA_CHECKPOINT_RPO_BREACH,
+                    [
+                        expected(
+                            alerts.get(Alert.LORA_CHECKPOINT_RPO_BREACH),
+                            {"adapter": "old"},
+                            lora_age,
+                        )
+                    ],
                 )
             ],
         ),
@@ -164,10 +171,10 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             600,
             [
                 (
-                    "SessionRPOBreach",
+                    Alert.SESSION_RPO_BREACH,
                     [
                         expected(
-                            alerts.get("SessionRPOBreach"),
+                            alerts.get(Alert.SESSION_RPO_BREACH),
                             lagging,
                             rpo.session_state.max_seconds + 1,
                         )
@@ -189,18 +196,18 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             600,
             [
                 (
-                    "SessionCrdtRPOBreach",
+                    Alert.SESSION_CRDT_RPO_BREACH,
                     [
                         expected(
-                            alerts.get("SessionCrdtRPOBreach"),
+                            alerts.get(Alert.SESSION_CRDT_RPO_BREACH),
                             cut,
                             rpo.session_crdt.max_seconds + 2,
                         )
                     ],
                 ),
                 (
-                    "SessionCrdtDivergence",
-                    [expected(alerts.get("SessionCrdtDivergence"), {}, 3)],
+                    Alert.SESSION_CRDT_DIVERGENCE,
+                    [expected(alerts.get(Alert.SESSION_CRDT_DIVERGENCE), {}, 3)],
                 ),
             ],
         ),
@@ -211,7 +218,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
                 series(catalog.SESSION_CRDT_DIVERGENT_SESSIONS): constant(0, 20),
             },
             600,
-            [("SessionCrdtRPOBreach", []), ("SessionCrdtDivergence", [])],
+            [(Alert.SESSION_CRDT_RPO_BREACH, []), (Alert.SESSION_CRDT_DIVERGENCE, [])],
         ),
         Case(
             "delta-log RPO: pending entries older than the RPO fire",
@@ -226,10 +233,10 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             600,
             [
                 (
-                    "IndexDeltaLogRPOBreach",
+                    Alert.INDEX_DELTA_LOG_RPO_BREACH,
                     [
                         expected(
-                            alerts.get("IndexDeltaLogRPOBreach"),
+                            alerts.get(Alert.INDEX_DELTA_LOG_RPO_BREACH),
                             {"collection": "a"},
                             rpo.embedding_index.max_seconds + 3,
                         )

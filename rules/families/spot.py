@@ -11,6 +11,7 @@ from redline.rules.model import RecordingRule, RuleGroup, number
 from redline.rules.promtool_cases import AlertIndex, Case, constant, counter, expected, series
 from redline.rules.records import spot_p95_record
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
 
@@ -34,7 +35,7 @@ def build_spot_alerts(spec: Spec) -> RuleGroup:
         ),
         alert_rule(
             spec,
-            "SpotPreemptionNotice",
+            Alert.SPOT_PREEMPTION_NOTICE,
             f"max by (node, provider) ({catalog.LLM_SPOT_NOTICE_PENDING}) == 1",
             0,
             "warning",
@@ -46,7 +47,7 @@ def build_spot_alerts(spec: Spec) -> RuleGroup:
         ),
         alert_rule(
             spec,
-            "SpotNoticeToDrainingSlow",
+            Alert.SPOT_NOTICE_TO_DRAINING_SLOW,
             f"{spot_p95_record(spec)} > {target}",
             0,
             "ticket",
@@ -57,7 +58,7 @@ def build_spot_alerts(spec: Spec) -> RuleGroup:
         ),
         alert_rule(
             spec,
-            "SpotReplacementSlow",
+            Alert.SPOT_REPLACEMENT_SLOW,
             f"(\n{slow_replacement}\n)\nand on (node)\n"
             f'(max by (node) ({catalog.LLM_NODE_STATE}{{state="terminating"}}) == 1)',
             0,
@@ -126,7 +127,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             0, 20
         ),
     }
-    notice_rule = alerts.get("SpotPreemptionNotice")
+    notice_rule = alerts.get(Alert.SPOT_PREEMPTION_NOTICE)
     return [
         Case(
             "spot: a pending notice fires spot_drain, a handled one stays silent",
@@ -134,7 +135,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             600,
             [
                 (
-                    "SpotPreemptionNotice",
+                    Alert.SPOT_PREEMPTION_NOTICE,
                     [expected(notice_rule, {"node": "spot-a", "provider": "gcp"}, 1)],
                 )
             ],
@@ -145,8 +146,8 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             eval_at,
             [
                 (
-                    "SpotNoticeToDrainingSlow",
-                    [expected(alerts.get("SpotNoticeToDrainingSlow"), {}, target * 1.95)],
+                    Alert.SPOT_NOTICE_TO_DRAINING_SLOW,
+                    [expected(alerts.get(Alert.SPOT_NOTICE_TO_DRAINING_SLOW), {}, target * 1.95)],
                 )
             ],
         ),
@@ -154,7 +155,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             "spot: notice -> DRAINING p95 under its target stays silent",
             fast,
             eval_at,
-            [("SpotNoticeToDrainingSlow", [])],
+            [(Alert.SPOT_NOTICE_TO_DRAINING_SLOW, [])],
         ),
         Case(
             "spot: a replacement slower than the notice window fires; within it or recovered "
@@ -163,10 +164,10 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             600,
             [
                 (
-                    "SpotReplacementSlow",
+                    Alert.SPOT_REPLACEMENT_SLOW,
                     [
                         expected(
-                            alerts.get("SpotReplacementSlow"),
+                            alerts.get(Alert.SPOT_REPLACEMENT_SLOW),
                             {"node": "a", "provider": "aws"},
                             aws + 30,
                         )

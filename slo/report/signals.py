@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.report.text import num
 from redline.slo.spec import Spec
 
@@ -84,7 +85,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             lat.threshold_seconds,
             "s",
             True,
-            "RedLineLatencyP99",
+            Alert.RED_LINE_LATENCY_P99,
             f"{quantile} <= {num(lat.threshold_seconds)} s",
         ),
         SignalDef(
@@ -95,7 +96,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             red.context_keepalive.min_seconds,
             "s",
             False,
-            "RedLineContextKeepalive",
+            Alert.RED_LINE_CONTEXT_KEEPALIVE,
             f"context lives >= {num(red.context_keepalive.min_seconds)} s",
         ),
         SignalDef(
@@ -106,7 +107,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             red.index_consistency.max_staleness_seconds,
             "s",
             True,
-            "RedLineIndexStaleness",
+            Alert.RED_LINE_INDEX_STALENESS,
             f"staleness <= {num(red.index_consistency.max_staleness_seconds)} s",
         ),
         SignalDef(
@@ -117,7 +118,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             rpo.lora_adapter.max_seconds,
             "s",
             True,
-            "LoRACheckpointRPOBreach",
+            Alert.LORA_CHECKPOINT_RPO_BREACH,
             f"RPO <= {num(rpo.lora_adapter.max_seconds)} s",
         ),
         SignalDef(
@@ -128,7 +129,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             rpo.session_state.max_seconds,
             "s",
             True,
-            "SessionRPOBreach",
+            Alert.SESSION_RPO_BREACH,
             f"RPO <= {num(rpo.session_state.max_seconds)} s",
         ),
         SignalDef(
@@ -139,7 +140,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             rpo.embedding_index.max_seconds,
             "s",
             True,
-            "IndexDeltaLogRPOBreach",
+            Alert.INDEX_DELTA_LOG_RPO_BREACH,
             f"RPO <= {num(rpo.embedding_index.max_seconds)} s",
         ),
         SignalDef(
@@ -150,7 +151,7 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             spec.drift.threshold,
             "",
             True,
-            "EmbeddingDrift",
+            Alert.EMBEDDING_DRIFT,
             f"{spec.drift.method} score <= calibrated threshold",
         ),
     ]

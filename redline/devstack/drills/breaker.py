@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.context import DrillContext
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import parse_duration
 
 ERROR_RATE = 0.3
 POLL_SECONDS = 0.1
-ALERT = "GatewayBreakerOpen"
+ALERT = Alert.GATEWAY_BREAKER_OPEN
 
 
 def _breaker_state(ctx: DrillContext, region: str) -> str:

@@ -16,6 +16,7 @@ from redline.devstack.drills.waits import (
     wait_recovered,
 )
 from redline.devstack.parts import part_alive, restart_part, signal_part
+from redline.slo.alerts import Alert
 
 EXPORTER_SLIS = ("session_rpo", "index_staleness")
 
@@ -23,7 +24,7 @@ EXPORTER_SLIS = ("session_rpo", "index_staleness")
 def drill_exporter_down(ctx: DrillContext) -> DrillResult:
     """Exporter killed -> SLIAbsent (no silent red line) -> exporter restarted -> resolved."""
     spec = ctx.spec
-    result = DrillResult("exporter-down", "SLIAbsent", None,
+    result = DrillResult("exporter-down", Alert.SLI_ABSENT, None,
                          budget_for(ctx, spec.timing.absent_for_seconds))  # fmt: skip
     labels = {"sli": EXPORTER_SLIS[0]}
     for sli in EXPORTER_SLIS:
@@ -56,7 +57,7 @@ def drill_exporter_down(ctx: DrillContext) -> DrillResult:
         def resolved(sli: str = sli) -> bool | None:
             return True if not ctx.probe.alerts(result.alert, {"sli": sli}) else None
 
-        ctx.wait_for(result.drill, f"SLIAbsent {sli} to resolve", resolved, 30.0)
+        ctx.wait_for(result.drill, f"{Alert.SLI_ABSENT} {sli} to resolve", resolved, 30.0)
     result.resolved_notified_at = wait_acknowledged(ctx, result, labels, "resolved", 30.0)
     result.lost_detail = "n/a: a dead exporter loses measurements, not user data"
     return result

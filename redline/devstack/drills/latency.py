@@ -24,6 +24,7 @@ from redline.devstack.drills.waits import (
 )
 from redline.platform.routing import RoutingStore
 from redline.rules.build import p99_record
+from redline.slo.alerts import Alert
 from redline.slo.spec import parse_duration
 
 LATENCY_FAULT_SECONDS = 0.9
@@ -38,7 +39,7 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
     red = spec.red_lines.latency_p99
     primary, secondary = ctx.endpoints.regions[0], ctx.endpoints.regions[1]
     result = DrillResult(
-        "latency", "RedLineLatencyP99", red.playbook, budget_for(ctx, red.for_seconds)
+        "latency", Alert.RED_LINE_LATENCY_P99, red.playbook, budget_for(ctx, red.for_seconds)
     )
     labels = {"region": primary}
     require_quiet(ctx, result, labels)
@@ -101,7 +102,7 @@ def _drill_latency_paged(ctx: DrillContext) -> DrillResult:
     red = spec.red_lines.latency_p99
     primary = ctx.endpoints.regions[0]
     result = DrillResult(
-        "latency", "RedLineLatencyP99", red.playbook, budget_for(ctx, red.for_seconds)
+        "latency", Alert.RED_LINE_LATENCY_P99, red.playbook, budget_for(ctx, red.for_seconds)
     )
     if red.playbook is not None:
         raise DrillError(

@@ -57,6 +57,7 @@ from redline.platform.prometheus import PrometheusError
 from redline.platform.routing import SERVED_REGION_HEADER, RoutingError, RoutingStore
 from redline.remediation.settings import RerouteSettings
 from redline.rules.records import p99_record
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
 NAME = "latency-persistent"
@@ -244,7 +245,7 @@ def build_not_applicable(spec: Spec, source: str) -> DrillResult:
     """The result on a stack without redline's gateway: nothing reroutes there, so there is
     nothing to flap; the drill runs nothing and says why."""
     red = spec.red_lines.latency_p99
-    result = DrillResult(NAME, "RedLineLatencyP99", red.playbook, 0.0, expect_alert=False)
+    result = DrillResult(NAME, Alert.RED_LINE_LATENCY_P99, red.playbook, 0.0, expect_alert=False)
     result.not_applicable = (
         f"the {source} stack has no gateway: nothing reroutes (the latency red line pages a "
         "human), so there is no reroute to flap; the `latency` drill covers its red line"
@@ -396,7 +397,9 @@ def drill_latency_persistent(ctx: DrillContext) -> DrillResult:
     if red.playbook != PLAYBOOK:
         raise DrillError(f"red_lines.latency_p99.playbook is {red.playbook!r}, not {PLAYBOOK!r}: "
                          "there is no reroute to hold")  # fmt: skip
-    result = DrillResult(NAME, "RedLineLatencyP99", red.playbook, budget_for(ctx, red.for_seconds))
+    result = DrillResult(
+        NAME, Alert.RED_LINE_LATENCY_P99, red.playbook, budget_for(ctx, red.for_seconds)
+    )
     settings = load_reroute_settings(ctx.probe.layout)
     restore_for = (
         settings.restore_for_seconds

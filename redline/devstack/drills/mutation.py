@@ -29,6 +29,7 @@ from redline.exporters.mutation import Accepted, AcceptedStore
 from redline.platform.sessions import open_redis
 from redline.rules.families.mutation import CANDIDATE_PLAYBOOK, MIN_CHANGES, MUTATION_FOR_SECONDS
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 
 CANARY = "capital-france"
 """The canary whose answer mutates (the simulator's wrong answer: "I believe it is Lyon.")."""
@@ -36,7 +37,7 @@ REFORMATTED = "hexagon"
 REFORMATTED_TEXT = "  a HEXAGON has   six sides!!! "
 """The accepted answer planted for the reformatted control: the model says "A hexagon has 6
 sides." (case, punctuation, spacing and the canary's `six` = `6` equivalence differ)."""
-ROLLBACK_ALERT = "OutputConsistencyMutationRollback"
+ROLLBACK_ALERT = Alert.OUTPUT_CONSISTENCY_MUTATION_ROLLBACK
 
 
 def _set_wrong(ctx: DrillContext, region: str, version: str, on: bool) -> None:
@@ -59,7 +60,7 @@ def drill_mutation(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     regions = ctx.endpoints.regions
     faulty, steady = regions[-1], regions[0]
-    result = DrillResult("mutation", "OutputConsistencyMutation", CANDIDATE_PLAYBOOK,
+    result = DrillResult("mutation", Alert.OUTPUT_CONSISTENCY_MUTATION, CANDIDATE_PLAYBOOK,
                          budget_for(ctx, MUTATION_FOR_SECONDS))  # fmt: skip
     version = ctx.probe.served_versions().get(faulty, "")
     if not version or version.startswith("mixed"):

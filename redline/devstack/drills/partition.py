@@ -30,6 +30,7 @@ from redline.platform.session_sync import (
 )
 from redline.platform.sessions import open_redis
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 
 SESSIONS = 6
 SHARED = ("greeting", "plan")
@@ -71,7 +72,7 @@ def drill_partition(ctx: DrillContext) -> DrillResult:
     """Cut the CRDT session sync, write on both sides, heal, prove convergence."""
     target = ctx.spec.rpo.session_crdt
     regions = list(ctx.endpoints.crdt_session_urls)
-    result = DrillResult("partition", "SessionCrdtRPOBreach", target.playbook,
+    result = DrillResult("partition", Alert.SESSION_CRDT_RPO_BREACH, target.playbook,
                          budget_for(ctx, target.for_seconds))  # fmt: skip
     parts = [ctx.state.part(name) for name in build_session_sync_parts(ctx.state.regions)]
     if len(regions) < 2 or any(part is None for part in parts):

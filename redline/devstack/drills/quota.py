@@ -30,8 +30,9 @@ from redline.devstack.drills.context import DrillContext
 from redline.devstack.layout import ADAPTER, BASE_MODEL
 from redline.gateway.quotas import load_quotas_file, pick_limit
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 
-ALERT = "QuotaThrottlingSustained"
+ALERT = Alert.QUOTA_THROTTLING_SUSTAINED
 BATCH = "batch"
 INTERACTIVE = "interactive"
 BURST = 12

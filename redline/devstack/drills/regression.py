@@ -28,6 +28,7 @@ from redline.platform.snapshots import SnapshotRegistry
 from redline.rules.build import rollback_records
 from redline.rules.families.mutation import ROLLBACK_ALERT as MUTATION_ROLLBACK_ALERT
 from redline.rules.families.rollback import rollback_gate_expr
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
 
 REGRESSION_VERSION = "v2"
@@ -237,7 +238,7 @@ def drill_regression(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     gate = spec.rollback
     version = REGRESSION_VERSION
-    result = DrillResult("regression", "SemanticRollbackTwoSignal", gate.playbook,
+    result = DrillResult("regression", Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL, gate.playbook,
                          budget_for(ctx, gate.for_seconds))  # fmt: skip
     labels = {"model": ADAPTER, "model_version": version}
     require_quiet(ctx, result, labels)
@@ -315,7 +316,7 @@ def drill_regression_negative(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     gate = spec.rollback
     version = NEGATIVE_VERSION
-    result = DrillResult("regression-negative", "SemanticRollbackTwoSignal", gate.playbook,
+    result = DrillResult("regression-negative", Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL, gate.playbook,
                          budget_for(ctx, gate.for_seconds))  # fmt: skip
     result.expect_alert = False
     labels = {"model": ADAPTER, "model_version": version}

@@ -18,13 +18,14 @@ from redline.devstack.drills.waits import (
 )
 from redline.devstack.parts import part_alive, signal_part
 from redline.platform.sessions import SessionWriter, open_redis, stream_id_ms
+from redline.slo.alerts import Alert
 
 
 def drill_session_rpo(ctx: DrillContext) -> DrillResult:
     """Replica consumer frozen (stops reading and ACKing) -> SessionRPOBreach -> resumed."""
     spec = ctx.spec
     target = spec.rpo.session_state
-    result = DrillResult("session-rpo", "SessionRPOBreach", target.playbook,
+    result = DrillResult("session-rpo", Alert.SESSION_RPO_BREACH, target.playbook,
                          budget_for(ctx, target.for_seconds))  # fmt: skip
     labels: dict[str, str] = {}
     require_quiet(ctx, result, labels)

@@ -21,6 +21,7 @@ import httpx
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.parts import health_path
 from redline.devstack.state import PartState
+from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
 MIN_SETTLE_SECONDS = 90.0
@@ -32,9 +33,9 @@ def evidence_seconds(spec: Spec, alert: str) -> float:
     """How long the evidence of `alert` lasts once its cause is gone: the window it is computed
     over (the latency red line's P99 window, the rollback gate's window) plus its `for`."""
     red = spec.red_lines
-    if alert == "RedLineLatencyP99":
+    if alert == Alert.RED_LINE_LATENCY_P99:
         return parse_duration(red.latency_p99.window) + red.latency_p99.for_seconds
-    if alert == "SemanticRollbackTwoSignal":
+    if alert == Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL:
         return spec.rollback.window_seconds + spec.rollback.for_seconds
     return 0.0
 

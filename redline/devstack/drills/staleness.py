@@ -30,6 +30,7 @@ from redline.platform.index import (
     to_vector,
     vector_checksum,
 )
+from redline.slo.alerts import Alert
 
 
 class _AckedWriter:
@@ -90,7 +91,7 @@ def drill_staleness(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     red = spec.red_lines.index_consistency
     result = DrillResult(
-        "staleness", "RedLineIndexStaleness", red.playbook, budget_for(ctx, red.for_seconds)
+        "staleness", Alert.RED_LINE_INDEX_STALENESS, red.playbook, budget_for(ctx, red.for_seconds)
     )
     labels = {"collection": COLLECTION}
     require_quiet(ctx, result, labels)

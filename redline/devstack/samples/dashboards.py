@@ -21,6 +21,7 @@ from redline.devstack.samples.openmetrics import Family, Series, render_openmetr
 from redline.rules.build import build_rule_groups
 from redline.rules.model import number
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.spec import PLAYBOOK_NAMES, Spec, parse_duration
 
 MODEL = "chat"
@@ -482,34 +483,34 @@ def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only t
         firing.append({"alertname": alert, "alertstate": "firing", **static[alert], **labels})
 
     if scenario.latency_breach.holds(share):
-        fire("RedLineLatencyP99", region=spec.regions[0])
+        fire(Alert.RED_LINE_LATENCY_P99, region=spec.regions[0])
     if scenario.stale_index.holds(share):
-        fire("RedLineIndexStaleness", collection=COLLECTION, replica=DRIFT_REPLICA)
+        fire(Alert.RED_LINE_INDEX_STALENESS, collection=COLLECTION, replica=DRIFT_REPLICA)
     if scenario.cdc_lag.holds(share):
-        fire("SessionRPOBreach", stream=STREAM, group=GROUP)
+        fire(Alert.SESSION_RPO_BREACH, stream=STREAM, group=GROUP)
     if scenario.crdt_partition.holds(share):
         for source, target in itertools.permutations(spec.regions[:2], 2):
-            fire("SessionCrdtRPOBreach", source_region=source, target_region=target)
-        fire("SessionCrdtDivergence")
+            fire(Alert.SESSION_CRDT_RPO_BREACH, source_region=source, target_region=target)
+        fire(Alert.SESSION_CRDT_DIVERGENCE)
     if scenario.stuck_checkpoint.holds(share):
-        fire("LoRACheckpointRPOBreach", adapter=ADAPTERS[0])
+        fire(Alert.LORA_CHECKPOINT_RPO_BREACH, adapter=ADAPTERS[0])
     if scenario.regression_alerting(share):
-        fire("SemanticRollbackTwoSignal", model=model, model_version="v2")
+        fire(Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL, model=model, model_version="v2")
     if QUOTA_BURST.holds(share):
-        fire("QuotaThrottlingSustained", tenant=QUOTA_TRAFFIC[0][0])
+        fire(Alert.QUOTA_THROTTLING_SUSTAINED, tenant=QUOTA_TRAFFIC[0][0])
     if share > 0.92:
-        fire("EmbeddingDrift", collection=COLLECTION, method="mmd")
+        fire(Alert.EMBEDDING_DRIFT, collection=COLLECTION, method="mmd")
     for spot in scenario.preemptions:
         elapsed = spot.elapsed(now, start, end)
         node = {"node": spot.node, "provider": spot.provider}
         if 0 <= elapsed < step:
-            fire("SpotPreemptionNotice", **node)
+            fire(Alert.SPOT_PREEMPTION_NOTICE, **node)
         slow = spot.to_draining_seconds > spec.spot.notice_to_draining_p95_seconds
         if slow and 0 <= elapsed < parse_duration(spec.spot.alert_window):
-            fire("SpotNoticeToDrainingSlow")
+            fire(Alert.SPOT_NOTICE_TO_DRAINING_SLOW)
         waited = elapsed - spot.drain_seconds
         if spot.state(elapsed) == "terminating" and waited > spec.spot.notice_for(spot.provider):
-            fire("SpotReplacementSlow", **node)
+            fire(Alert.SPOT_REPLACEMENT_SLOW, **node)
     for slo in spec.slos:
         if slo.sli.kind == "slow_requests" and scenario.latency_breach.holds(share):
             firing.append(

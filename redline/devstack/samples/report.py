@@ -20,6 +20,7 @@ import numpy as np
 from redline.devstack.processes import ServiceError, find_binary
 from redline.devstack.samples.openmetrics import Family, Series, render_openmetrics
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 from redline.slo.catalog import Metric
 
 SAMPLE_START = int(datetime(2025, 3, 1, tzinfo=UTC).timestamp())
@@ -254,24 +255,24 @@ def build_sample(
         )
 
     sample.alerts = [
-        _alert(LATENCY[0] + 2 * MINUTE, 47 * MINUTE, alertname="RedLineLatencyP99",
+        _alert(LATENCY[0] + 2 * MINUTE, 47 * MINUTE, alertname=Alert.RED_LINE_LATENCY_P99,
                severity="critical", red_line="latency_p99", region="primary", playbook="reroute"),
         _alert(LATENCY[0] + 5 * MINUTE, 85 * MINUTE, alertname="LatencyErrorBudgetBurn",
                severity="page", slo="latency"),
         _alert(ERRORS[0] + 3 * MINUTE, 67 * MINUTE, alertname="AvailabilityErrorBudgetBurn",
                severity="page", slo="availability"),
-        _alert(KEEPALIVE[0] + MINUTE, 9 * MINUTE, alertname="RedLineContextKeepalive",
+        _alert(KEEPALIVE[0] + MINUTE, 9 * MINUTE, alertname=Alert.RED_LINE_CONTEXT_KEEPALIVE,
                severity="critical", red_line="context_keepalive"),
-        _alert(LORA_STALL[0] + 2 * MINUTE, 9 * MINUTE, alertname="LoRACheckpointRPOBreach",
+        _alert(LORA_STALL[0] + 2 * MINUTE, 9 * MINUTE, alertname=Alert.LORA_CHECKPOINT_RPO_BREACH,
                severity="critical", rpo="lora_adapter", adapter="support-bot"),
-        _alert(STALENESS[0] + MINUTE, 24 * MINUTE, alertname="RedLineIndexStaleness",
+        _alert(STALENESS[0] + MINUTE, 24 * MINUTE, alertname=Alert.RED_LINE_INDEX_STALENESS,
                severity="critical", red_line="index_consistency", collection="documents",
                replica="secondary", playbook="freeze_and_replay"),
-        _alert(SESSION_RPO[0], 5 * MINUTE, alertname="SessionRPOBreach", severity="critical",
+        _alert(SESSION_RPO[0], 5 * MINUTE, alertname=Alert.SESSION_RPO_BREACH, severity="critical",
                rpo="session_state", stream="sessions", group="replica"),
-        _alert(DRIFT[0] + 5 * MINUTE, 175 * MINUTE, alertname="EmbeddingDrift",
+        _alert(DRIFT[0] + 5 * MINUTE, 175 * MINUTE, alertname=Alert.EMBEDDING_DRIFT,
                severity="warning", collection="documents", method="mmd"),
-        _alert(REGRESSION[0], REGRESSION[1], alertname="SemanticRollbackTwoSignal",
+        _alert(REGRESSION[0], REGRESSION[1], alertname=Alert.SEMANTIC_ROLLBACK_TWO_SIGNAL,
                severity="critical", model="chat", model_version="v2",
                playbook="semantic_rollback"),
     ]  # fmt: skip

@@ -27,6 +27,7 @@ from redline.devstack.drills.spot.fleet import Say, SpotDrillError, SpotFleet
 from redline.devstack.processes import ServiceError
 from redline.platform.prometheus import PrometheusError
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 
 WASTED_TOKENS = catalog.LLM_SPOT_WASTED_DECODE_TOKENS_TOTAL
 SPOT_DRILL_ORDER = ("spot-one", "spot-two", "spot-long-streams", "spot-never-ready")
@@ -266,13 +267,13 @@ def drill_spot_never_ready(fleet: SpotFleet, say: Say) -> SpotDrillReport:
         terminated = time.time()
         say(f"{node}: terminating; its replacement fails every inference")
         firing = fleet.wait_for(
-            "SpotReplacementSlow to fire",
-            lambda: any(a["state"] == "firing" for a in fleet.alerts("SpotReplacementSlow",
+            f"{Alert.SPOT_REPLACEMENT_SLOW} to fire",
+            lambda: any(a["state"] == "firing" for a in fleet.alerts(Alert.SPOT_REPLACEMENT_SLOW,
                                                                       node=node)),
             30,
         )  # fmt: skip
         report.alert_firing_after = round(firing - preemption.issued_at, 3)
-        say(f"SpotReplacementSlow firing after {report.alert_firing_after} s")
+        say(f"{Alert.SPOT_REPLACEMENT_SLOW} firing after {report.alert_firing_after} s")
         state = fleet.agent_state(node)
         report.check(
             "the node stays TERMINATING while its replacement is not ready",
@@ -293,8 +294,8 @@ def drill_spot_never_ready(fleet: SpotFleet, say: Say) -> SpotDrillReport:
         say(f"{node}: healthy replacement started")
         fleet.wait_for(f"{node} RECOVERED", lambda: fleet.recovered_since(node, preemption), 30)
         resolved = fleet.wait_for(
-            "SpotReplacementSlow to resolve",
-            lambda: not fleet.alerts("SpotReplacementSlow", node=node),
+            f"{Alert.SPOT_REPLACEMENT_SLOW} to resolve",
+            lambda: not fleet.alerts(Alert.SPOT_REPLACEMENT_SLOW, node=node),
             30,
         )
         report.alert_resolved_after = round(resolved - preemption.issued_at, 3)

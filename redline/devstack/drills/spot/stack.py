@@ -11,6 +11,7 @@ from redline.devstack.drills.base import DrillResult
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.spot.fleet import FleetConfig, SpotFleet
 from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER, run_spot_drill
+from redline.slo.alerts import Alert
 
 
 def _in_stack(name: str) -> Callable[[DrillContext], DrillResult]:
@@ -29,7 +30,7 @@ def _in_stack(name: str) -> Callable[[DrillContext], DrillResult]:
         expect_alert = name == "spot-never-ready"
         result = DrillResult(
             name,
-            "SpotReplacementSlow" if expect_alert else "",
+            Alert.SPOT_REPLACEMENT_SLOW if expect_alert else "",
             None,
             0.0,
             fault=f"spot preemption of {', '.join(report.nodes)} (time scale "
