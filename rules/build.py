@@ -29,7 +29,7 @@ from redline.rules.families import (
 from redline.rules.families.slo import slo_error_ratio_expr
 from redline.rules.families.spot import build_spot_alerts
 from redline.rules.model import RuleGroup, format_duration
-from redline.rules.promtool_cases import AlertIndex, Case
+from redline.rules.promtool_cases import AlertIndex, Case, case_eval_step
 from redline.rules.records import p99_record, rollback_records
 from redline.slo.catalog import slo_errors_record as error_ratio_record
 from redline.slo.spec import Spec
@@ -87,8 +87,6 @@ def build_rule_tests(spec: Spec, groups: list[RuleGroup], rule_files: list[str])
     cases = [case for family in FAMILIES for case in family.build_tests(spec, alerts)]
     return {
         "rule_files": rule_files,
-        # Hour-long cases evaluated every second (the local profile) take minutes in promtool;
-        # 15 s steps prove the same logic.
-        "evaluation_interval": format_duration(max(spec.timing.evaluation_interval_seconds, 15)),
+        "evaluation_interval": format_duration(case_eval_step(spec)),
         "tests": [case.to_dict() for case in cases],
     }

@@ -29,16 +29,19 @@ class Case:
     eval_seconds: int
     checks: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
     interval_seconds: int = SERIES_INTERVAL
+    earlier: list[tuple[int, str, list[dict[str, Any]]]] = field(default_factory=list)
+    """Checks at other evaluation times: (seconds, alert, expected), before `checks`' time."""
 
     def to_dict(self) -> dict[str, Any]:
         """The promtool test-group YAML shape."""
+        at = [(self.eval_seconds, alert, exp) for alert, exp in self.checks]
         return {
             "name": self.name,
             "interval": format_duration(self.interval_seconds),
             "input_series": [{"series": s, "values": v} for s, v in self.series.items()],
             "alert_rule_test": [
-                {"eval_time": format_duration(self.eval_seconds), "alertname": a, "exp_alerts": e}
-                for a, e in self.checks
+                {"eval_time": format_duration(seconds), "alertname": a, "exp_alerts": e}
+                for seconds, a, e in [*self.earlier, *at]
             ],
         }
 
@@ -80,6 +83,47 @@ def constant(value: float, steps: int) -> str:
 def counter(per_step: float, steps: int) -> str:
     """A counter growing by `per_step` each sample, for `steps` samples."""
     return f"0+{number(per_step)}x{steps}"
+
+
+_SERIES_VALUES = re.compile(r"^(-?[0-9.e+-]+)\+(-?[0-9.e+-]+)x([0-9]+)$")
+
+
+def in_phases(*phases: tuple[dict[str, str], int]) -> dict[str, str]:
+    """Series whose growth changes from one phase to the next: each phase's series (as
+    `counter`/`constant` write them) for its steps, every series continuing where it stood. A
+    series first seen in a later phase is missing before it (an engine creates its error
+    series at the first error); one a later phase lacks holds its last value (no more growth).
+    """
+    values: dict[str, list[str]] = {}
+    last: dict[str, float] = {}
+    done = 0
+    for index, (phase, steps) in enumerate(phases):
+        for name in sorted(set(last) - set(phase)):
+            values[name].append(f"{number(last[name])}+0x{steps - 1}" if steps > 1 else
+                                number(last[name]))  # fmt: skip
+        for name, text in phase.items():
+            found = _SERIES_VALUES.match(text)
+            if found is None:
+                raise ValueError(f"{name}: {text!r} is not a start+step x count series")
+            start, step = float(found.group(1)), float(found.group(2))
+            if name not in last:
+                missing = done
+                values[name] = [f"_x{missing}"] if missing else []
+                first = start if index == 0 else start + step
+            else:
+                first = last[name] + step
+            count = steps + 1 if index == 0 else steps
+            values[name].append(f"{number(first)}+{number(step)}x{count - 1}")
+            last[name] = first + step * (count - 1)
+        done += steps + 1 if index == 0 else steps
+    return {name: " ".join(parts) for name, parts in values.items()}
+
+
+def case_eval_step(spec: Spec) -> float:
+    """The cases' evaluation step (the test file's `evaluation_interval`): the spec's, at least
+    15 s (hour-long cases evaluated every second take minutes in promtool; 15 s steps prove
+    the same logic)."""
+    return max(spec.timing.evaluation_interval_seconds, 15)
 
 
 CASE_MODEL = "chat"

@@ -20,8 +20,10 @@ from redline.rules.promtool_cases import (
     AlertIndex,
     Case,
     bucket_around,
+    case_eval_step,
     expected,
     histogram,
+    in_phases,
     request_counters,
 )
 from redline.rules.records import errors_total, request_duration, requests_total
@@ -153,7 +155,9 @@ def build_slo_group(spec: Spec, slo: Slo) -> RuleGroup:
                 spec,
                 slo.burn_alert_name,
                 "\nor\n".join(conditions),
-                120 if severity == "page" else 900,
+                # No `for`: the short window already resets the alert once the burn stops, so
+                # it fires at the first evaluation where the workbook's two windows hold.
+                0,
                 severity,
                 f"{slo.name} SLO is burning its {slo.period} error budget ({severity})",
                 f"The {slo.name} SLO (objective {number(slo.objective * 100)} %) has "
@@ -229,6 +233,7 @@ def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
             [(name, [])],
         ),
     ]
+    cases.append(_onset_case(spec, slo, name, page, ticket, labels, busy))
     if slo.min_events:
         cases.append(
             Case(
@@ -240,6 +245,60 @@ def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
             )
         )
     return cases
+
+
+MAX_GOOD_MINUTES = 30
+"""At most this much good traffic before the outage of the onset case."""
+
+
+def _onset_case(
+    spec: Spec,
+    slo: Slo,
+    name: str,
+    page: AlertRule,
+    ticket: AlertRule,
+    labels: dict[str, str],
+    busy: int,
+) -> Case:
+    """Detection at workbook speed: good traffic, then every request bad from one sample on.
+    The short windows first hold a bad sample at that sample's time, and both alerts fire at
+    that very evaluation; one evaluation earlier (the windows hold only good samples) neither
+    does. A `for`, or a guard that lagged, would fail the first check.
+
+    The good minutes are as many as leave the first minute of the outage over the fastest page
+    threshold in the long window (14.4x the budget over 1h): 30 for a 99.9 % objective, 5 for
+    99 %; the traffic is enough for `min_events` by then.
+    """
+    period = parse_duration(slo.period)
+    budget = 1 - slo.objective
+    fastest = max(burn_factor(w, period) for w in BURN_WINDOWS if w.severity == "page") * budget
+    good_minutes = max(g for g in range(MAX_GOOD_MINUTES + 1) if 1 / (g + 1) > fastest)
+    per_minute = max(busy, math.ceil(slo.min_events / (good_minutes + 1)))
+    match slo.sli.kind:
+        case "slow_requests":
+            at, above = bucket_around(spec, slo.sli.threshold_seconds)
+            good = histogram(spec, labels, {at: per_minute}, good_minutes)
+            bad = histogram(spec, labels, {above: per_minute}, MAX_GOOD_MINUTES)
+        case "errors":
+            good = request_counters(spec, labels, per_minute, 0, good_minutes)
+            bad = request_counters(spec, labels, per_minute, per_minute, MAX_GOOD_MINUTES)
+    first_bad = (good_minutes + 1) * 60
+    before = first_bad - int(case_eval_step(spec))
+    # Both counters start at 0 on the same samples, so rate() neither extrapolates them nor
+    # differs between them: the long windows hold exactly one bad minute in good_minutes + 1.
+    share = 1 / (good_minutes + 1)
+    firing = [
+        expected(page, {"slo": slo.name}, share),
+        expected(ticket, {"slo": slo.name}, share),
+    ]
+    return Case(
+        f"{slo.name} SLO: an outage pages and tickets at the first evaluation holding a bad "
+        f"sample ({format_duration(first_bad)}), not one before ({format_duration(before)})",
+        in_phases((good, good_minutes), (bad, MAX_GOOD_MINUTES)),
+        first_bad,
+        [(name, firing)],
+        earlier=[(before, name, [])],
+    )
 
 
 def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:

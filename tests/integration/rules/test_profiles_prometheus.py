@@ -4,11 +4,10 @@ serving its documented series) and redline's exporter pieces (the snapshot regis
 that profile, and traffic drives the red line, the availability burn alert and the two-signal
 gate until they fire and resolve -- with the same alert names and labels whatever the engine.
 
-One Prometheus per profile, all five at once (the page alert holds for two minutes; the
-scenarios of one profile run while it waits). Per profile, in order:
+One Prometheus per profile, all five at once. Per profile, in order:
 
 - errors: failing requests in waves, enough to burn the availability budget past the page
-  threshold with `slos[].min_events` met; they must page two minutes later (checked last);
+  threshold with `slos[].min_events` met; they must page (checked last);
 - latency: slow requests until `RedLineLatencyP99{region}` fires, then fast ones until it
   resolves;
 - gate: v2 active, slow enough (>= rollback.min_samples) with accuracy at its baseline stays
@@ -345,8 +344,8 @@ def run_scenarios(stack: Stack) -> None:
     )
     assert not stack.alerts(GATE_ALERT), "the gate fired on another version"
 
-    # (b) the page fires once its `for` has passed (two minutes: the local profile does not
-    # shorten it); a flood of good requests ends it.
+    # (b) the page fires (it has no `for`: it fires as soon as both windows burn); a flood of
+    # good requests ends it.
     (page_rule,) = [
         rule
         for group in build_rule_groups(spec)

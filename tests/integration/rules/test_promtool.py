@@ -87,6 +87,12 @@ def test_local_profile_output_passes_every_check(tmp_path: Path) -> None:
             f"on (model, model_version) {catalog.accuracy_record('5m')}",
             "one wrong answer out of 120",
         ),
+        # a `for` on the burn-rate page: it no longer fires at the outage's first evaluation
+        (
+            "  - alert: AvailabilityErrorBudgetBurn\n    expr:",
+            "  - alert: AvailabilityErrorBudgetBurn\n    for: 2m\n    expr:",
+            "availability SLO: an outage pages and tickets at the first evaluation",
+        ),
         # the latency red line at the wrong threshold
         ("p99_5m > 0.8", "p99_5m > 1.5", "latency red line"),
         # the staleness red line inclusive of the boundary
