@@ -34,6 +34,13 @@ def errors_total(spec: Spec) -> str:
     return spec.sources.resolve().required_name("errors")
 
 
+def slow_bound(spec: Spec, threshold: float) -> float:
+    """The bucket bound requests count as fast up to at `threshold` (`slow_bucket`; the
+    threshold itself where no bound is at or below it, which `check_spec` rejects)."""
+    bound = spec.sources.resolve().slow_bucket(threshold)
+    return threshold if bound is None else bound
+
+
 def record_base(spec: Spec) -> str:
     """The histogram name recorded series are named after (`ResolvedSources.record_base`)."""
     return spec.sources.resolve().record_base()
@@ -44,6 +51,17 @@ def p99_record(spec: Spec) -> str:
     red = spec.red_lines.latency_p99
     quantile = number(red.quantile * 100).replace(".", "_")
     return catalog.quantile_record(record_base(spec), quantile, red.window)
+
+
+def window_requests_record(spec: Spec) -> str:
+    """Name of the recorded requests per region over the latency red line's window."""
+    return catalog.window_requests_record(record_base(spec), spec.red_lines.latency_p99.window)
+
+
+def window_slow_requests_record(spec: Spec) -> str:
+    """Name of the recorded slow requests per region over the latency red line's window."""
+    red = spec.red_lines.latency_p99
+    return catalog.window_slow_requests_record(record_base(spec), red.window)
 
 
 def rollback_window(spec: Spec) -> str:

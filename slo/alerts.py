@@ -62,6 +62,11 @@ class Alert(StrEnum):
         "end-to-end P99 (reroutes included) over the latency red line",
         "reroute",
     )
+    RED_LINE_LATENCY_SLOW_REQUESTS = (
+        "RedLineLatencySlowRequests",
+        ("page",),
+        "too few requests for a P99, but enough of them slower than the latency red line",
+    )
     RED_LINE_CONTEXT_KEEPALIVE = (
         "RedLineContextKeepalive",
         ("critical",),

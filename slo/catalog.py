@@ -704,6 +704,16 @@ def quantile_record(base: str, quantile_label: str, window: str) -> str:
     return f"redline:{base}:p{quantile_label}_{window}"
 
 
+def window_requests_record(base: str, window: str) -> str:
+    """Requests per region (the histogram's `_count` increase) over the red line's window."""
+    return f"redline:{base}_count:increase_{window}"
+
+
+def window_slow_requests_record(base: str, window: str) -> str:
+    """Requests per region slower than the red line's threshold over its window."""
+    return f"redline:{base}_count:slow_increase_{window}"
+
+
 def p99_by_version_record(base: str, window: str) -> str:
     """P99 of the histogram `base` per model version over the rollback window."""
     return f"redline:{base}:p99_by_version_{window}"

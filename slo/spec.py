@@ -85,6 +85,19 @@ class LatencyRedLine(_Model):
         True, description="The histogram is recorded end to end at the gateway, reroutes included."
     )
     for_seconds: int = Field(60, ge=0, description="How long the breach must last before firing.")
+    min_requests: int = Field(
+        100,
+        ge=0,
+        description="The P99 red line acts only on a window holding at least this many requests "
+        "(per region): over fewer than 100 the P99 is the slowest request itself, and one slow "
+        "request must not reroute a region (0 turns the guard off).",
+    )
+    slow_requests_page: int = Field(
+        5,
+        ge=0,
+        description="Under `min_requests`, page a human (no playbook) when at least this many "
+        "requests of the window were slower than the threshold (0: never).",
+    )
     playbook: PlaybookName | None = Field("reroute", description="Playbook run on a breach.")
     restore: RestorePolicy = Field(
         default_factory=RestorePolicy, description="When the reroute hands the traffic back."

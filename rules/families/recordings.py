@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from statistics import NormalDist
 
-from redline.rules.model import RecordingRule, RuleGroup, number
+from redline.rules.model import RecordingRule, RuleGroup, le_matcher, number
 from redline.rules.promtool_cases import AlertIndex, Case
 from redline.rules.records import (
     p99_record,
     request_duration,
     rollback_records,
     rollback_window,
+    slow_bound,
     source_name,
     tokens_rate_records,
     ttft_p99_record,
+    window_requests_record,
+    window_slow_requests_record,
 )
 from redline.slo import catalog
 from redline.slo.spec import Spec
@@ -49,11 +52,21 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     bucket, count = f"{base}_bucket", f"{base}_count"
     window = rollback_window(spec)
     records = rollback_records(spec)
+    slow = slow_bound(spec, red.threshold_seconds)
     rules = [
         RecordingRule(
             p99_record(spec),
             f"histogram_quantile({number(red.quantile)}, "
             f"sum by (le, region) (rate({bucket}[{red.window}])))",
+        ),
+        RecordingRule(
+            window_requests_record(spec),
+            f"sum by (region) (increase({count}[{red.window}]))",
+        ),
+        RecordingRule(
+            window_slow_requests_record(spec),
+            f"sum by (region) (increase({count}[{red.window}]))\n-\n"
+            f"sum by (region) (increase({bucket}{{{le_matcher(slow)}}}[{red.window}]))",
         ),
         RecordingRule(
             records["p99"],

@@ -4,7 +4,7 @@ critical alerts, and the promtool cases that prove them."""
 from __future__ import annotations
 
 from redline.rules.common import alert_rule
-from redline.rules.model import RuleGroup, format_duration, number
+from redline.rules.model import AlertRule, RuleGroup, format_duration, number
 from redline.rules.promtool_cases import (
     SERIES_INTERVAL,
     AlertIndex,
@@ -15,7 +15,11 @@ from redline.rules.promtool_cases import (
     histogram,
     series,
 )
-from redline.rules.records import p99_record
+from redline.rules.records import (
+    p99_record,
+    window_requests_record,
+    window_slow_requests_record,
+)
 from redline.slo import catalog
 from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
@@ -30,11 +34,14 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     # Only a source in the data path (redline's gateway) measures reroutes; `validate` warns.
     measured = lat.includes_reroute and spec.sources.resolve().profile.includes_reroute
     reroute = "including cross-region reroutes " if measured else ""
-    rules = (
+    requests = window_requests_record(spec)
+    # Over fewer than min_requests the P99 is the slowest request: no evidence for a reroute.
+    evidence = f"\nand on (region)\n{requests} >= {lat.min_requests}" if lat.min_requests else ""
+    rules: tuple[AlertRule, ...] = (
         alert_rule(
             spec,
             Alert.RED_LINE_LATENCY_P99,
-            f"{p99_record(spec)} > {number(lat.threshold_seconds)}",
+            f"{p99_record(spec)} > {number(lat.threshold_seconds)}{evidence}",
             lat.for_seconds,
             "critical",
             f"{quantile} latency of region {{{{ $labels.region }}}} is over the "
@@ -44,6 +51,25 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
             lat.playbook,
             red_line="latency_p99",
         ),
+    )
+    if lat.min_requests and lat.slow_requests_page:
+        rules += (
+            alert_rule(
+                spec,
+                Alert.RED_LINE_LATENCY_SLOW_REQUESTS,
+                f"{window_slow_requests_record(spec)} >= {lat.slow_requests_page}\n"
+                f"and on (region)\n{requests} < {lat.min_requests}",
+                lat.for_seconds,
+                "page",
+                f"Region {{{{ $labels.region }}}}: requests slower than the "
+                f"{number(lat.threshold_seconds)} s red line, too few for a {quantile}",
+                f"{{{{ $value | humanize }}}} requests over {lat.window} took longer than "
+                f"{number(lat.threshold_seconds)} s, out of fewer than {lat.min_requests}: too "
+                f"few for a {quantile} to act on (no reroute), enough for a human to look.",
+                red_line="latency_p99",
+            ),
+        )
+    rules += (
         alert_rule(
             spec,
             Alert.RED_LINE_CONTEXT_KEEPALIVE,
@@ -76,6 +102,92 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     return [RuleGroup("redline-red-lines", spec.timing.evaluation_interval_seconds, rules)]
 
 
+def _window_step(window_seconds: int) -> int:
+    """The largest whole-second step dividing the window with at least four samples in it (at
+    most a minute): the window's increase is then exactly its requests."""
+    return max(d for d in range(1, min(60, window_seconds // 4) + 1) if window_seconds % d == 0)
+
+
+def _evidence_cases(
+    spec: Spec,
+    alerts: AlertIndex,
+    labels: dict[str, str],
+    at: float,
+    above: float,
+    p99: float,
+) -> list[Case]:
+    """The P99 acts only on min_requests: one slow request in a quiet window fires nothing;
+    too few requests but many slow pages a human, never the reroute; a window one request
+    short of min_requests pages, one holding min_requests fires the red line."""
+    lat = spec.red_lines.latency_p99
+    if not lat.min_requests:
+        return []
+    window = int(parse_duration(lat.window))
+    step = _window_step(window)
+    per_window = window // step
+    eval_at = 900 - 900 % step
+    steps = eval_at // step + 5
+    primary, secondary = spec.regions[0], spec.regions[-1]
+
+    def traffic(region: str, fast: float, slow: float) -> dict[str, str]:
+        per_step = {at: fast / per_window, above: slow / per_window}
+        return histogram(spec, {**labels, "region": region}, per_step, steps)
+
+    red_line = alerts.get(Alert.RED_LINE_LATENCY_P99)
+    cases = [
+        Case(
+            f"latency red line: one slow request among 30 in {lat.window} (night-time traffic) "
+            "fires nothing and reroutes nothing",
+            traffic(primary, 29, 1),
+            eval_at,
+            [(Alert.RED_LINE_LATENCY_P99, []), (Alert.RED_LINE_LATENCY_SLOW_REQUESTS, [])],
+            interval_seconds=step,
+        )
+    ]
+    if not lat.slow_requests_page:
+        return cases
+    short, enough = lat.min_requests - 1, lat.min_requests
+    slow_rule = alerts.get(Alert.RED_LINE_LATENCY_SLOW_REQUESTS)
+    cases.append(
+        Case(
+            f"latency red line: {short} requests in {lat.window}, all slow, page a human "
+            f"without the P99's playbook; {enough} fire the red line",
+            {**traffic(primary, 0, short), **traffic(secondary, 0, enough)},
+            eval_at,
+            [
+                (Alert.RED_LINE_LATENCY_P99, [expected(red_line, {"region": secondary}, p99)]),
+                (
+                    Alert.RED_LINE_LATENCY_SLOW_REQUESTS,
+                    [expected(slow_rule, {"region": primary}, short)],
+                ),
+            ],
+            interval_seconds=step,
+        )
+    )
+    if lat.slow_requests_page > 1:
+        few = lat.slow_requests_page - 1
+        cases.append(
+            Case(
+                f"latency red line: {few} slow requests of 30 in {lat.window} stay silent, "
+                f"{lat.slow_requests_page} page",
+                {
+                    **traffic(primary, 30 - few, few),
+                    **traffic(secondary, 30 - few - 1, few + 1),
+                },
+                eval_at,
+                [
+                    (
+                        Alert.RED_LINE_LATENCY_SLOW_REQUESTS,
+                        [expected(slow_rule, {"region": secondary}, few + 1)],
+                    ),
+                    (Alert.RED_LINE_LATENCY_P99, []),
+                ],
+                interval_seconds=step,
+            )
+        )
+    return cases
+
+
 def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """Latency P99 (through the raw histogram), keep-alive and index staleness."""
     red = spec.red_lines
@@ -105,6 +217,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         ],
         interval_seconds=step,
     )
+    quiet = _evidence_cases(spec, alerts, labels_slow, at, above, p99)
     keep = red.context_keepalive
     keep_rule = alerts.get(Alert.RED_LINE_CONTEXT_KEEPALIVE)
     keep_cases = [
@@ -170,4 +283,4 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
             )
         ],
     )
-    return [latency, *keep_cases, index]
+    return [latency, *quiet, *keep_cases, index]

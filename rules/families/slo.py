@@ -26,7 +26,7 @@ from redline.rules.promtool_cases import (
     in_phases,
     request_counters,
 )
-from redline.rules.records import errors_total, request_duration, requests_total
+from redline.rules.records import errors_total, request_duration, requests_total, slow_bound
 from redline.slo import catalog
 from redline.slo.spec import Slo, Spec, parse_duration
 
@@ -58,13 +58,6 @@ def burn_rate_windows() -> list[int]:
     """Every rate window (seconds) the burn-rate alerts read, shortest first."""
     seconds = {w.long_seconds for w in BURN_WINDOWS} | {w.short_seconds for w in BURN_WINDOWS}
     return sorted(seconds)
-
-
-def slow_bound(spec: Spec, threshold: float) -> float:
-    """The bucket bound a slow-requests SLI counts good requests up to (`slow_bucket`; the
-    threshold itself where no bound is at or below it, which `check_spec` rejects)."""
-    bound = spec.sources.resolve().slow_bucket(threshold)
-    return threshold if bound is None else bound
 
 
 def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
