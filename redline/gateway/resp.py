@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import unquote, urlsplit
 
 Reply = bytes | int | list["Reply"] | None
@@ -116,9 +117,9 @@ class _Protocol(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Keep the transport."""
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        """Keep the transport (a stream transport: asyncio's, or uvloop's, which is none of
+        asyncio's classes but has their methods)."""
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         """Resolve every waiter whose reply is complete."""

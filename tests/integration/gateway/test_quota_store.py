@@ -126,7 +126,10 @@ def test_a_redis_that_never_answers_fails_open_within_the_timeout(tmp_path: Path
     assert registry.get_sample_value(failures, {"action": "fail_open"}) == 1
 
 
-def test_the_lean_connection_matches_replies_in_order(redis_url: str) -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_lean_connection_matches_replies_in_order(redis_url: str, loop: str) -> None:
+    """Under asyncio's own loop and under uvloop, which uvicorn picks when it is installed
+    (`uvicorn[standard]`): its transports are not asyncio.Transport instances."""
     address = lean_url(redis_url)
     assert address is not None
 
@@ -140,5 +143,10 @@ def test_the_lean_connection_matches_replies_in_order(redis_url: str) -> None:
         connection.close()
         return replies
 
-    replies = asyncio.run(scenario())
+    if loop == "uvloop":
+        import uvloop
+
+        replies = uvloop.run(scenario())
+    else:
+        replies = asyncio.run(scenario())
     assert replies == [str(i).encode() for i in range(200)] + [b"v"]
