@@ -379,6 +379,10 @@ def apply_profile(spec: Spec, profile: str | None) -> Spec:
             }
         )
         update["rollback"] = spec.rollback.model_copy(update={"for_seconds": for_seconds})
+    min_samples = changes.get("rollback_min_samples")
+    if min_samples is not None:
+        rollback = update.get("rollback", spec.rollback)
+        update["rollback"] = rollback.model_copy(update={"min_samples": min_samples})
     breakers = {
         field: changes[f"breaker_{field}"]
         for field in ("window", "open_for")

@@ -405,6 +405,13 @@ class TimingOverride(_Model):
         None, description="Overrides `breakers.window` (the breaker drill opens in seconds)."
     )
     breaker_open_for: Duration | None = Field(None, description="Overrides `breakers.open_for`.")
+    rollback_min_samples: int | None = Field(
+        None,
+        ge=0,
+        description="Overrides `rollback.min_samples` (a laptop's load generator gathers 2000 "
+        "requests of one version in minutes; the drills prove the guard at this count, the "
+        "promtool cases at the spec's).",
+    )
 
 
 SpotProvider = Literal["aws", "gcp"]

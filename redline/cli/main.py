@@ -11,6 +11,14 @@ from rich.console import Console
 from redline.cli import sources as sources_cli
 from redline.cli.common import RegionsOpt, err, fail
 from redline.cli.lazy import LazyGroup
+from redline.generate.chaos import (
+    ChaosBuildError,
+    ChaosOptions,
+    FisOptions,
+    build_chaos_outputs,
+    parse_durations,
+    parse_labels,
+)
 from redline.generate.kube_redis import REDIS_SENTINEL_DIR, build_redis_sentinel_outputs
 from redline.generate.kubernetes import (
     DEFAULT_IMAGE,
@@ -142,14 +150,92 @@ def generate(
             "(default: the provider's usual labels).",
         ),
     ] = None,
+    chaos: Annotated[
+        Path | None,
+        typer.Option(
+            "--chaos",
+            help="Write (or --check) only the game-day experiments into this directory: Chaos "
+            "Mesh objects (chaos-mesh/) and, with --fis-role-arn and --fis-az, AWS FIS templates "
+            "(aws-fis/). Takes --namespace, --serving-namespace and the options below.",
+            show_default=False,
+        ),
+    ] = None,
+    region: Annotated[
+        str | None,
+        typer.Option("--region", help="--chaos: the region faulted (default: the spec's first)."),
+    ] = None,
+    serving_selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--serving-selector",
+            help="--chaos: KEY=VALUE of the serving pods, repeatable; {region} in a value is the "
+            "region (default redline.dev/serving=true, redline.dev/region={region}).",
+        ),
+    ] = None,
+    milvus_replica_selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--milvus-replica-selector",
+            help="--chaos: KEY=VALUE of the Milvus replica's pods, repeatable (default "
+            "app.kubernetes.io/name=milvus, app.kubernetes.io/instance=milvus-replica).",
+        ),
+    ] = None,
+    redis_selector: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--redis-selector",
+            help="--chaos: KEY=VALUE of the Redis pods, repeatable (default: those of "
+            "deploy/kubernetes/redis-sentinel).",
+        ),
+    ] = None,
+    duration: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--duration",
+            help="--chaos: EXPERIMENT=DURATION (e.g. latency=10m), repeatable (default: what "
+            "its alert needs, from the spec, plus 5m; at most 1h).",
+        ),
+    ] = None,
+    fis_role_arn: Annotated[
+        str | None,
+        typer.Option("--fis-role-arn", help="--chaos: the IAM role AWS FIS assumes."),
+    ] = None,
+    fis_az: Annotated[
+        str | None,
+        typer.Option("--fis-az", help="--chaos: the availability zone of az-power (us-east-1a)."),
+    ] = None,
+    fis_alarm_arn: Annotated[
+        str | None,
+        typer.Option(
+            "--fis-alarm-arn",
+            help="--chaos: the CloudWatch alarm stopping the FIS experiments (default: none).",
+        ),
+    ] = None,
 ) -> None:
     """Write rules, promtool tests, alertmanager.yml, the PrometheusRule, dashboards and the
     Kubernetes manifests (deploy/kubernetes) from the spec."""
+    chaos_flags = (region, serving_selector, milvus_replica_selector, redis_selector, duration,
+                   fis_role_arn, fis_az, fis_alarm_arn)  # fmt: skip
+    manifest_flags = (kubernetes, image, spot_provider, spot_node_label)
+    if chaos is not None:
+        if any(flag is not None for flag in manifest_flags):
+            raise fail("--chaos takes no --kubernetes, --image, --spot-provider, --spot-node-label")
+        _generate_chaos(
+            spec, profile, chaos, check, namespace, serving_namespace, region,
+            serving_selector, milvus_replica_selector, redis_selector, duration,
+            fis_role_arn, fis_az, fis_alarm_arn,
+        )  # fmt: skip
+        return
+    if any(flag is not None for flag in chaos_flags):
+        raise fail(
+            "--region, --serving-selector, --milvus-replica-selector, --redis-selector, "
+            "--duration and --fis-* need --chaos DIR"
+        )
     k8s_flags = (image, namespace, serving_namespace, spot_provider, spot_node_label)
     if kubernetes is None and any(flag is not None for flag in k8s_flags):
         raise fail(
             "--image, --namespace, --serving-namespace, --spot-provider and --spot-node-label "
-            "need --kubernetes DIR (deploy/kubernetes always has the defaults)"
+            "need --kubernetes DIR or --chaos DIR (deploy/kubernetes always has the defaults)"
         )
     if kubernetes is not None:
         _generate_kubernetes(
@@ -209,6 +295,55 @@ def _generate_kubernetes(
     except SpecError as exc:
         raise fail("\n".join(f"{loaded.source}: {line}" for line in exc.problems)) from None
     except KubernetesBuildError as exc:
+        raise fail(str(exc)) from None
+    _write_or_check(directory, outputs, check)
+
+
+def _generate_chaos(
+    spec_path: Path | None,
+    profile: str | None,
+    directory: Path,
+    check: bool,
+    namespace: str | None,
+    serving_namespace: str | None,
+    region: str | None,
+    serving_selector: list[str] | None,
+    milvus_replica_selector: list[str] | None,
+    redis_selector: list[str] | None,
+    durations: list[str] | None,
+    fis_role_arn: str | None,
+    fis_az: str | None,
+    fis_alarm_arn: str | None,
+) -> None:
+    if (fis_role_arn is None) != (fis_az is None) or (fis_alarm_arn and fis_role_arn is None):
+        raise fail("the FIS templates need --fis-role-arn and --fis-az together (and "
+                   "--fis-alarm-arn only with them)")  # fmt: skip
+    loaded = load_or_exit(spec_path)
+    try:
+        defaults = ChaosOptions()
+        options = ChaosOptions(
+            kubernetes=_kubernetes_options(None, namespace, serving_namespace, None, []),
+            region=region,
+            serving_selector=parse_labels(serving_selector, "--serving-selector")
+            if serving_selector
+            else defaults.serving_selector,
+            milvus_replica_selector=parse_labels(
+                milvus_replica_selector, "--milvus-replica-selector"
+            )
+            if milvus_replica_selector
+            else defaults.milvus_replica_selector,
+            redis_selector=parse_labels(redis_selector or [], "--redis-selector"),
+            durations=parse_durations(durations or []),
+            fis=FisOptions(fis_role_arn, fis_az, fis_alarm_arn)
+            if fis_role_arn is not None and fis_az is not None
+            else None,
+        )
+        outputs = build_chaos_outputs(
+            apply_profile(loaded.spec, profile), source_name(loaded), options
+        )
+    except SpecError as exc:
+        raise fail("\n".join(f"{loaded.source}: {line}" for line in exc.problems)) from None
+    except ChaosBuildError as exc:
         raise fail(str(exc)) from None
     _write_or_check(directory, outputs, check)
 
@@ -293,8 +428,14 @@ def demo(
         bool, typer.Option("--check-only", help="Only generate and check; start no stack.")
     ] = False,
     rate: Annotated[
-        float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
-    ] = 50.0,
+        float | None,
+        typer.Option(
+            "--rate",
+            min=8.0,
+            help="Load generator requests per second (default: 10 per core, at most 50).",
+            show_default=False,
+        ),
+    ] = None,
     regions: RegionsOpt = None,
     source: Annotated[
         str | None,

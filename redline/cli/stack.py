@@ -55,7 +55,7 @@ from redline.devstack.models import (
 )
 from redline.devstack.parts import Say, part_alive
 from redline.devstack.report import TABLE_WIDTH, DrillBoard, build_report, render_json, write_json
-from redline.devstack.runtime import UpOptions, start_stack, stop_stack
+from redline.devstack.runtime import UpOptions, default_rate, start_stack, stop_stack
 from redline.devstack.state import StackState, describe_urls, load_running, state_json
 from redline.devstack.tether import claim_ownership
 
@@ -175,8 +175,14 @@ def up(
         typer.Option("--port", help="PART=PORT to pin a part's port (repeatable)."),
     ] = None,
     rate: Annotated[
-        float, typer.Option("--rate", min=8.0, help="Load generator requests per second.")
-    ] = 50.0,
+        float | None,
+        typer.Option(
+            "--rate",
+            min=8.0,
+            help="Load generator requests per second (default: 10 per core, at most 50).",
+            show_default=False,
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the load and the faults.")] = 7,
     regions: RegionsOpt = None,
     source: SourceOpt = None,
@@ -215,7 +221,7 @@ def up(
         run_dir,
         spec,
         parse_ports(port),
-        rate,
+        default_rate() if rate is None else rate,
         seed,
         prometheus_regions=regions,
         source=source,
@@ -390,7 +396,7 @@ def run_demo(
     run_dir: Path,
     spec: Path | None,
     keep: bool,
-    rate: float,
+    rate: float | None,
     regions: int | None = None,
     source: str | None = None,
 ) -> None:
@@ -411,8 +417,9 @@ def run_demo(
             claim_ownership()
         try:
             with interrupt_on_signals() as guard:
+                chosen = default_rate() if rate is None else rate
                 options = UpOptions(
-                    run_dir, spec, {}, rate, prometheus_regions=regions, source=source
+                    run_dir, spec, {}, chosen, prometheus_regions=regions, source=source
                 )
                 state = bring_up(options, guard)
         except StackError as exc:

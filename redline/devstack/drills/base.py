@@ -166,7 +166,7 @@ class DrillResult:
         return {
             "drill": self.drill,
             "ok": self.ok,
-            "alert": self.alert,
+            "alert": str(self.alert),
             "playbook": self.playbook,
             "fault": self.fault,
             "fault_at": self.fault_at,
