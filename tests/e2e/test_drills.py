@@ -280,3 +280,21 @@ def test_every_dashboard_query_returns_data_from_the_live_stack(
     quiet = {line.split(maxsplit=5)[5] for line in lines if line.startswith("none")}
     assert quiet <= QUIET_ANNOTATIONS, check.stdout
     assert not [line for line in lines if not line.startswith(("ok", "none"))], check.stdout
+
+
+def test_at_night_a_trickle_of_slow_requests_pages_a_human_and_reroutes_nothing(
+    drills: dict[str, DrillResult],
+) -> None:
+    """Fewer requests in the red line's window than min_requests: the P99 over them is their
+    slowest, so the red line and its reroute stay silent; enough slow ones page a human."""
+    result = drills["latency-night"]
+    assert result.not_applicable is None, _explain(result)
+    checks = {check.name: check for check in result.checks}
+    for name in (
+        "4 slow requests in 30s page nobody",
+        "the P99 red line never fired on too few requests",
+        "no reroute",
+        "a human is paged (acknowledged, no playbook)",
+    ):
+        assert checks[name].ok, f"{name}: {checks[name].detail}"
+    assert result.failed_requests == 0, result.failed_detail

@@ -10,6 +10,7 @@ from redline.devstack.drills.breaker import drill_breaker
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.exporter_down import drill_exporter_down
 from redline.devstack.drills.latency import drill_latency
+from redline.devstack.drills.latency_night import drill_latency_night
 from redline.devstack.drills.latency_persistent import drill_latency_persistent
 from redline.devstack.drills.mutation import drill_mutation
 from redline.devstack.drills.partition import drill_partition
@@ -32,12 +33,14 @@ DRILL_ORDER = (
     "quota",
     "regression",
     "regression-negative",
+    "latency-night",
     "latency-persistent",
 )
 """`all` runs the drills in this order: the rollback gate's alert outlives its rollback by the
 gate's 300 s window, so the regressions come late and their recovery is awaited at the end.
 `latency-persistent` (about 90 s: the primary stays slow for several restore periods) runs
-after them, while that recovery is awaited in the background, so it adds little to `all`.
+after them, while that recovery is awaited in the background, so it adds little to `all`, as
+does `latency-night` before it (about 90 s with the load generator paused).
 `breaker` (about 30 s) runs before `latency`, so its reroutes are long out of the latency
 window when that drill starts. The spot drills run a fleet of their own beside the stack and
 are asked for by name. `mutation` (about 20 s) runs before the regressions, while the adapter's
@@ -54,6 +57,7 @@ DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER, *BY_NAME_ONLY)
 DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "latency": drill_latency,
     "latency-persistent": drill_latency_persistent,
+    "latency-night": drill_latency_night,
     "staleness": drill_staleness,
     "regression": drill_regression,
     "mutation": drill_mutation,

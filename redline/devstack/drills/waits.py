@@ -19,20 +19,26 @@ def budget_for(ctx: DrillContext, for_seconds: float) -> float:
     return round(pipeline_budget_seconds(ctx.spec, for_seconds, federated), 3)
 
 
-def require_quiet(ctx: DrillContext, result: DrillResult, labels: Mapping[str, str]) -> None:
-    """The drill's alert must not be active before the fault: wait for the stack to settle
-    (a previous drill, a busy machine) as long as the alert's evidence takes to clear, twice
-    over; then fail naming the figure, the machine's load and the slowest parts."""
+def require_quiet(
+    ctx: DrillContext,
+    result: DrillResult,
+    labels: Mapping[str, str],
+    alert: str | None = None,
+) -> None:
+    """The drill's alert (or `alert`) must not be active before the fault: wait for the stack
+    to settle (a previous drill, a busy machine) as long as the alert's evidence takes to
+    clear, twice over; then fail naming the figure, the machine's load and the slowest parts."""
+    name = alert or result.alert
 
     def quiet() -> bool | None:
-        return True if not ctx.probe.alerts(result.alert, labels) else None
+        return True if not ctx.probe.alerts(name, labels) else None
 
-    bound = settle_seconds(ctx.spec, result.alert, budget_for(ctx, 0.0))
-    what = f"{result.alert} to be inactive before the fault"
+    bound = settle_seconds(ctx.spec, name, budget_for(ctx, 0.0))
+    what = f"{name} to be inactive before the fault"
     try:
         ctx.wait_for(result.drill, what, quiet, bound)
     except DrillError:
-        found = diagnose(ctx, result.alert, labels)
+        found = diagnose(ctx, name, labels)
         raise DrillError(f"the stack did not settle within {bound:.0f} s: {found}") from None
 
 
