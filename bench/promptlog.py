@@ -35,6 +35,7 @@ import json
 import queue
 import random
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from typing import Any
 
 import redis
 
+from bench.figures import Figure, at_most, check, exit_code, info
 from redline.devstack.processes import start_redis
 from redline.platform.promptlog import (
     BatchEntry,
@@ -51,7 +53,7 @@ from redline.platform.promptlog import (
     PromptRecord,
     build_record,
 )
-from redline.platform.promptwatch import Detection, PromptLogWatcher
+from redline.platform.promptlog.watch import Detection, PromptLogWatcher
 from redline.platform.redaction import build_redactor
 
 TARGET_DETECTION_S = 0.3
@@ -262,8 +264,9 @@ def _settle(watcher: PromptLogWatcher, found: queue.Queue[Detection]) -> None:
     _drain(found)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Fill the log, trace one session both ways, detect tampering; print the tables."""
+def run(argv: list[str] | None = None) -> list[Figure]:
+    """Fill the log, trace one session both ways, detect tampering; print the tables and
+    return the figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--sessions", type=int, default=20_000)
@@ -326,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             watched = _detection_rounds(log, args.rounds, batches)
             times, baseline_s, per_append, false_alarms, accepted, _ = watched
 
-            info = client.info("memory")
+            memory = client.info("memory")
             files = log.segment_files()
             seg_mb = sum(p.stat().st_size for p in files.values()) / 1e6
             tree_mb = sum(log.tree_path(n).stat().st_size for n in files) / 1e6
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
         f"records {args.records:,} in {batches} batches of {args.batch}, "
         f"{args.sessions:,} sessions; {len(files)} segment files of up to "
         f"{segment_bytes / 2**20:.0f} MiB, {seg_mb:.0f} MB; trees {tree_mb:.0f} MB; "
-        f"Redis {info['used_memory'] / 1e6:.0f} MB (roots + index)"
+        f"Redis {memory['used_memory'] / 1e6:.0f} MB (roots + index)"
     )
     print(
         f"fill: {fill_s:.1f} s ({args.records / fill_s:,.0f} records/s, fsync off); "
@@ -382,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
             f"max {max(values) * 1000:>7.1f} ms"
         )
     verdict = "met" if worst <= TARGET_DETECTION_S else "NOT met"
+    appended_batches = 20  # what _detection_rounds appends while watching
     print(
         f"  watcher: baseline (full verify + every tree) {baseline_s:.1f} s once; "
         f"{per_append * 1000:.1f} ms of checks per legitimate append; "
@@ -392,7 +396,32 @@ def main(argv: list[str] | None = None) -> None:
         f"(worst {worst * 1000:.0f} ms; full verify alone {detect_s * 1000:.0f} ms, growing "
         "with the log; the watcher's check is bounded by one segment)"
     )
+    return [
+        at_most(
+            "promptlog",
+            "watcher: worst tampering write -> report",
+            worst * 1000,
+            "ms",
+            TARGET_DETECTION_S * 1000,
+        ),
+        check(
+            "promptlog",
+            f"watcher: no report during {appended_batches} legitimate appends",
+            false_alarms == 0,
+            "none",
+        ),
+        info(
+            "promptlog", f"trace-back via the index, {args.records:,} records", index_s * 1000, "ms"
+        ),
+        info("promptlog", "full scan / index trace-back", scan_s / index_s, "x"),
+        info("promptlog", "full verify(), one record edited", detect_s * 1000, "ms"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on its own; exit 1 when a figure missed its target."""
+    return exit_code(run(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from bench.figures import BenchmarkError, Figure, at_least, exit_code, info
 from redline.devstack.processes import Service, start_milvus_lite, start_redis
 from redline.platform.index import (
     DeltaLog,
@@ -147,7 +148,7 @@ def _raw(workdir: Path, rows: list[dict[str, Any]], batch: int) -> tuple[Cost, C
             by_id = {g["id"]: g["vector"] for g in got}
             for row in rows[start : start + batch]:
                 if not np.array_equal(by_id[row["id"]], row["vector"]):
-                    raise SystemExit(f"raw copy of {row['id']} differs")
+                    raise BenchmarkError(f"raw copy of {row['id']} differs")
         checked = meter.read()
         return Meter.since(started, upserted), Meter.since(started, checked)
 
@@ -166,12 +167,12 @@ def _replay(
         )
         finished = meter.read()
         if not report.ok or report.entries != rows or report.verify.verified != rows:
-            raise SystemExit(f"replay did not verify: {report.summary()}")
+            raise BenchmarkError(f"replay did not verify: {report.summary()}")
         return Meter.since(started, marks[-1]), Meter.since(started, finished)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the table; exit 1 when replay misses the target."""
+def run(argv: list[str] | None = None) -> list[Figure]:
+    """Run the benchmark, print the table; the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=1000)
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_service.stop()
 
     def median(pick: str, part: str) -> float:
-        return statistics.median(getattr(getattr(r, pick), part) for r in rounds)
+        return float(statistics.median(getattr(getattr(r, pick), part) for r in rounds))
 
     print(
         f"delta-log replay vs raw pymilvus upsert: {rows_n} rows x {DIM} dims, batch "
@@ -241,8 +242,35 @@ def main(argv: list[str] | None = None) -> int:
         f"{ratio('raw', 'replay', 'wall'):.0%} wall, {ratio('raw', 'replay', 'cpu'):.0%} CPU."
     )
     print("Every id was verified (recomputed vector checksums) in every round.")
-    return 0 if ok else 1
+    return [
+        at_least(
+            "replay",
+            "rows/s, apply phase vs raw upsert (wall)",
+            100 * apply_wall,
+            "%",
+            100 * TARGET_RATIO,
+        ),
+        at_least(
+            "replay",
+            "rows/s, whole replay vs raw + check (wall)",
+            100 * whole_wall,
+            "%",
+            100 * TARGET_RATIO,
+        ),
+        info("replay", "apply vs raw, CPU seconds", 100 * ratio("raw", "apply", "cpu"), "%"),
+        info(
+            "replay",
+            "whole vs raw + check, CPU seconds",
+            100 * ratio("raw_checked", "replay", "cpu"),
+            "%",
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on its own; exit 1 when replay misses the target."""
+    return exit_code(run(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

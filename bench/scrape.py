@@ -49,6 +49,7 @@ from prometheus_client import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.figures import BenchmarkError, Figure, at_most, check, exit_code, info
 from redline.core.servers import serve_in_thread
 from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.devstack.processes import start_milvus_lite, start_redis
@@ -95,17 +96,24 @@ def gateway_like(spec: Spec, combos: int, seed: int = 1) -> tuple[Histogram, Cou
         requests.labels(*labels).inc(20)
         made += 1
     if made < combos:
-        raise SystemExit(f"label space too small for {combos} combinations")
+        raise BenchmarkError(f"label space too small for {combos} combinations")
     return histogram, requests
 
 
 def mirror_registry(exporter: Exporter, extra: list[Any]) -> CollectorRegistry:
-    """A bare registry with the same extra collectors and plain copies of every probe series."""
+    """A bare registry with the same extra collectors and plain copies of every other series.
+
+    Every family the exporter's registry publishes is copied, not only the probe cache's: the
+    exporter also publishes the evaluations tally (`llm_eval_*`) and, with the canary lease,
+    `redline_exporter_canary_lease_held`, and a bare side without them would render fewer
+    series than the side it is compared with.
+    """
     registry = CollectorRegistry()
     for collector in extra:
         registry.register(collector)
-    for family in exporter.cache.collect():
-        if not family.samples:
+    shared = {family.name for collector in extra for family in collector.collect()}
+    for family in exporter.registry.collect():
+        if family.name in shared or not family.samples:
             continue
         labelnames = sorted({k for s in family.samples for k in s.labels})
         metric: Any
@@ -114,11 +122,13 @@ def mirror_registry(exporter: Exporter, extra: list[Any]) -> CollectorRegistry:
             for sample in family.samples:
                 child = metric.labels(**sample.labels) if labelnames else metric
                 child.inc(sample.value)
-        else:
+        elif family.type in ("gauge", "unknown"):
             metric = Gauge(family.name, family.documentation, labelnames, registry=registry)
             for sample in family.samples:
                 child = metric.labels(**sample.labels) if labelnames else metric
                 child.set(sample.value)
+        else:
+            raise ValueError(f"{family.name}: no plain copy of a {family.type} family")
     return registry
 
 
@@ -155,11 +165,11 @@ def quantile(values: list[float], q: float) -> float:
 @contextlib.contextmanager
 def created(on: bool) -> Iterator[None]:
     """prometheus-client's process-wide `_created` switch, back off (the exporter's) afterwards."""
-    (enable_created_metrics if on else disable_created_metrics)()
+    (enable_created_metrics if on else disable_created_metrics)()  # type: ignore[no-untyped-call]
     try:
         yield
     finally:
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def stack_up(root: Path, stack: contextlib.ExitStack) -> tuple[ExporterSettings, Spec]:
@@ -247,7 +257,7 @@ def wait_all_ok(exporter: Exporter, timeout: float = 90.0) -> None:
             return
         if time.monotonic() > deadline:
             failing = {k: v["error"] for k, v in status.items() if v["last_success"] is None}
-            raise SystemExit(f"probes never succeeded: {failing}")
+            raise BenchmarkError(f"probes never succeeded: {failing}")
         time.sleep(0.2)
 
 
@@ -260,8 +270,8 @@ def row(label: str, a: list[float], b: list[float]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark and print the tables."""
+def run(argv: list[str] | None = None) -> list[Figure]:
+    """Run the benchmark, print the tables; the figures."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=200, help="scrapes per side and mode")
     parser.add_argument("--combos", type=int, default=216, help="gateway label combinations")
@@ -306,8 +316,13 @@ def main(argv: list[str] | None = None) -> None:
             catalog.REDLINE_PROBE_LAST_SUCCESS_TIMESTAMP_SECONDS.name,
         }
         if exp_series != bare_series:
-            diff = sorted(exp_series ^ bare_series)[:5]
-            raise SystemExit(f"expositions differ in series, e.g. {diff}")
+            # Like with like, or the ratio means nothing: both sides render the same series.
+            only_exporter = sorted({name for name, _ in exp_series - bare_series})
+            only_bare = sorted({name for name, _ in bare_series - exp_series})
+            raise BenchmarkError(
+                f"expositions differ in series: only the exporter's has {only_exporter[:8]}, "
+                f"only the bare registry's has {only_bare[:8]}"
+            )
         gateway_series = sum(1 for name, _ in exp_series if name.startswith("llm_request"))
         names = ", ".join(sorted(exporter.cache.probes))
         print(f"probes enabled: {len(exporter.cache.probes)} ({names})")
@@ -394,8 +409,24 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print(f"exporter / bare over HTTP: {ratio:.3f}x, {verdict} the <= {TARGET_RATIO}x target")
         probes_ok = sum(1 for s in exporter.cache.status().values() if s["success"])
-        print(f"probes succeeding at the end: {probes_ok}/{len(exporter.cache.probes)}")
+        probes = len(exporter.cache.probes)
+        print(f"probes succeeding at the end: {probes_ok}/{probes}")
+    return [
+        at_most("scrape", "exporter / bare per scrape, HTTP identity", ratio, "x", TARGET_RATIO),
+        info("scrape", "series per scrape (both sides, checked equal)", len(exp_series)),
+        check(
+            "scrape",
+            f"probes succeeding at the end ({probes_ok}/{probes})",
+            probes_ok == probes,
+            "all",
+        ),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark on its own; exit 1 when a figure missed its target."""
+    return exit_code(run(argv))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
