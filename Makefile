@@ -85,7 +85,15 @@ test: setup lint typecheck generate-check lint-imports pytest
 test-fast: $(STAMP) lint typecheck generate-check lint-imports
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-bench: setup
+# The LiteLLM proxy the gateway is measured against lives in a venv of its own: it pins other
+# versions of packages the suite uses (rich, uvloop, tokenizers).
+LITELLM_VENV := build/bench-litellm
+$(LITELLM_VENV)/.installed:
+	test -x $(LITELLM_VENV)/bin/python || python3 -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]>=1.108'
+	touch $@
+
+bench: setup $(LITELLM_VENV)/.installed
 	$(PY) -m bench
 
 clean:
