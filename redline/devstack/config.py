@@ -414,7 +414,9 @@ def build_exporter_settings(
             "model": BASE_MODEL,
         },
         "golden_set": {
-            "interval_seconds": 2.0,
+            # Every 10 s: 1.2 golden requests/s, enough verdicts for the gate's accuracy leg,
+            # few enough that a drill's night-time window holds fewer than min_requests.
+            "interval_seconds": 10.0,
             "timeout_seconds": 3.0,
             # Without a gateway the probe asks the first region's engine directly.
             "gateway_url": endpoints.client_url,
@@ -562,6 +564,7 @@ def build_loadgen_settings(
         "adapter": ADAPTER,
         "base_model": BASE_MODEL,
         "stats_file": str(layout.loadgen_stats),
+        "pause_file": str(layout.loadgen_pause),
         "snapshots_root": str(layout.snapshots_dir),
         "embeddings_stream": EMBEDDINGS_STREAM,
         "embeddings_field": EMBEDDINGS_FIELD,

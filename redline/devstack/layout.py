@@ -328,6 +328,11 @@ class StackLayout:
         return self.data_dir / "loadgen-stats.json"
 
     @property
+    def loadgen_pause(self) -> Path:
+        """While this file exists the load generator sends nothing new (a drill's night)."""
+        return self.data_dir / "loadgen-paused"
+
+    @property
     def drills_dir(self) -> Path:
         """One JSON result per drill run."""
         return self.root / "drills"

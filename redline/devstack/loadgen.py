@@ -123,6 +123,11 @@ class LoadgenSettings(ServiceSettings):
     max_in_flight: PositiveInt = Field(256, description="Most requests in flight at once.")
     timeout_seconds: PositiveFloat = Field(30.0, description="Timeout of one request.")
     stats_file: Path | None = Field(None, description="Where the counters are written.")
+    pause_file: Path | None = Field(
+        None,
+        description="While this file exists no new request is sent (the requests in flight "
+        "finish): a drill's night-time traffic.",
+    )
     snapshots_root: Path | None = Field(None, description="Registry to record checkpoints in.")
     checkpoint_interval_seconds: PositiveFloat = Field(30.0, description="Checkpoint cadence.")
     embeddings_stream: str | None = Field(None, description="Stream of prompt embeddings.")
@@ -297,6 +302,7 @@ class LoadGenerator:
         timeout = httpx.Timeout(self.settings.timeout_seconds, connect=2.0)
         slots = asyncio.Semaphore(self.settings.max_in_flight)
         tasks: set[asyncio.Task[None]] = set()
+        pause = self.settings.pause_file
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             next_at = time.monotonic()
             while not stop.is_set():
@@ -311,6 +317,8 @@ class LoadGenerator:
                         await asyncio.wait_for(stop.wait(), delay)
                     if stop.is_set():
                         break
+                if pause is not None and pause.exists():
+                    continue
                 await slots.acquire()
                 call = build_call(self.rng, self.settings)
                 self._pending_vectors.append(embed(call.prompt).astype("<f4").tobytes())

@@ -2,17 +2,19 @@
 a P99 that is one request, but enough of them page a human (with or without the gateway: without
 one the trickle goes to the primary's service, and nothing could reroute anyway).
 
-The load generator is paused (SIGSTOP) so the red line's window holds only the drill's own
-requests: a few a window, every one slowed on the primary. Under `min_requests` the P99 over
-them is their slowest, so `RedLineLatencyP99` (and its reroute) must stay silent; first with
-fewer slow requests than `slow_requests_page` (nothing fires at all), then with enough of them
+The load generator is paused (its pause file: the requests in flight finish, no new one starts),
+so the red line's window holds only the golden probe's few requests and the drill's own: a few a
+window, every one slowed on the primary (the base model's version only, which the drill asks
+for: the probe's adapter requests stay fast). Under `min_requests` the P99 over them is their
+slowest, so `RedLineLatencyP99` (and its reroute) must stay silent; first with fewer slow
+requests than `slow_requests_page` nothing fires at all, then with enough of them
 `RedLineLatencySlowRequests` pages (no playbook: the receiver acknowledges it). The fault is
-removed, the load generator resumed, and the page resolves.
+removed, the page resolves once the slow requests leave the window, the load generator resumes.
 """
 
 from __future__ import annotations
 
-import signal
+import contextlib
 import time
 
 import httpx
@@ -27,7 +29,8 @@ from redline.devstack.drills.waits import (
     wait_firing,
     wait_recovered,
 )
-from redline.devstack.parts import part_alive, signal_part
+from redline.devstack.layout import BASE_MODEL
+from redline.devstack.parts import part_alive
 from redline.platform.routing import RoutingStore
 from redline.rules.records import window_requests_record
 from redline.slo.alerts import Alert
@@ -35,7 +38,9 @@ from redline.slo.spec import parse_duration
 
 NAME = "latency-night"
 SLOW_SECONDS = 0.9
-"""The primary's added latency: every night-time request is over the 0.8 s red line."""
+"""The base model's added latency on the primary: every night-time request is over 0.8 s."""
+BASE_VERSION = "base"
+"""The simulators' version of the base model (`SimulatorSettings.base_model_version`)."""
 
 
 class _Trickle:
@@ -50,7 +55,7 @@ class _Trickle:
         """One chat request to the adapter, as a night-time user sends it."""
         self.sent += 1
         body = {
-            "model": "chat-lora",
+            "model": BASE_MODEL,
             "messages": [{"role": "user", "content": f"Good evening! Question {self.sent}."}],
             "max_tokens": 16,
         }
@@ -102,18 +107,22 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
         if ctx.probe.alerts(Alert.RED_LINE_LATENCY_P99, labels):
             fired_p99.append(time.time())
 
+    pause = ctx.state.layout().loadgen_pause
     try:
-        signal_part(loadgen, signal.SIGSTOP)
+        pause.write_text("night: the latency-night drill\n")
         paused = True
         ctx.say(NAME, "night falls: the load generator paused")
 
-        def emptied() -> bool | None:
-            return True if _window_requests(ctx, primary) < 1 else None
+        def night() -> float | None:
+            seen = _window_requests(ctx, primary)
+            return seen if seen < red.min_requests / 2 else None
 
-        ctx.wait_for(NAME, f"the {red.window} window to empty", emptied, window + 60.0, 0.5)
-        ctx.probe.set_faults(
-            primary, {**saved, "latency": {"base_seconds": SLOW_SECONDS, "jitter": "none"}}
-        )
+        background = ctx.wait_for(NAME, f"the {red.window} window to hold night-time traffic",
+                                  night, window + 60.0, 0.5)  # fmt: skip
+        result.figure("background requests in the window (golden probe)", round(background))
+        versions = {**saved.get("versions", {}), BASE_VERSION: {"latency": {
+            "base_seconds": SLOW_SECONDS, "jitter": "none"}}}  # fmt: skip
+        ctx.probe.set_faults(primary, {**saved, "versions": versions})
         # Phase 1: fewer slow requests than a page needs.
         for _ in range(few):
             trickle.send()
@@ -129,8 +138,8 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
         # Phase 2: enough slow requests for a human (those of phase 1 included), still far
         # under min_requests.
         result.fault = (
-            f"night-time traffic: {few + more} requests in {red.window}, each +{SLOW_SECONDS} s on "
-            f"{primary} (min_requests {red.min_requests})"
+            f"night-time traffic: {few + more} requests of {BASE_MODEL} in {red.window}, each "
+            f"+{SLOW_SECONDS} s on {primary} (min_requests {red.min_requests})"
         )
         result.fault_at = time.time()
         ctx.say(NAME, f"fault injected: {result.fault}")
@@ -163,12 +172,13 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
         wait_recovered(ctx, result, labels, window + 60.0)
         result.resolved_notified_at = wait_acknowledged(ctx, result, labels, "resolved", 60.0)
         ctx.say(NAME, "morning: the load generator resumes")
-        signal_part(loadgen, signal.SIGCONT)
+        pause.unlink()
         paused = False
     finally:
         ctx.probe.set_faults(primary, saved)
-        if paused and part_alive(loadgen):
-            signal_part(loadgen, signal.SIGCONT)
+        if paused:
+            with contextlib.suppress(FileNotFoundError):
+                pause.unlink()
         trickle.close()
         store.close()
     result.failed_requests = len(trickle.failed)
