@@ -414,9 +414,10 @@ def build_exporter_settings(
             "model": BASE_MODEL,
         },
         "golden_set": {
-            # Every 10 s: 1.2 golden requests/s, enough verdicts for the gate's accuracy leg,
-            # few enough that a drill's night-time window holds fewer than min_requests.
-            "interval_seconds": 10.0,
+            # Every 5 s (a third of the stale guard): 2.4 golden requests/s, enough verdicts for
+            # the gate's accuracy leg, few enough that a night-time window (the load generator
+            # paused) holds fewer than min_requests.
+            "interval_seconds": 5.0,
             "timeout_seconds": 3.0,
             # Without a gateway the probe asks the first region's engine directly.
             "gateway_url": endpoints.client_url,

@@ -113,9 +113,12 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
         paused = True
         ctx.say(NAME, "night falls: the load generator paused")
 
+        # Room under min_requests for the trickle twice over: the window stays a night's.
+        room = red.min_requests - 2 * (few + more)
+
         def night() -> float | None:
             seen = _window_requests(ctx, primary)
-            return seen if seen < red.min_requests / 2 else None
+            return seen if seen <= room else None
 
         background = ctx.wait_for(NAME, f"the {red.window} window to hold night-time traffic",
                                   night, window + 60.0, 0.5)  # fmt: skip
