@@ -45,6 +45,7 @@ from prometheus_client.registry import Collector
 from redline.core.created import apply_created_series
 from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, read_secret
+from redline.exporters.canary_file import CanaryFileError
 from redline.exporters.consistency import build_consistency_probes
 from redline.exporters.drift import (
     DriftProbe,
@@ -63,7 +64,7 @@ from redline.exporters.index_staleness import IndexStalenessProbe
 from redline.exporters.keepalive import KeepaliveProbe
 from redline.exporters.llm_probes import build_llm_probes
 from redline.exporters.models import ModelVersionsProbe
-from redline.exporters.mutation import CanaryFileError, build_mutation_probes
+from redline.exporters.mutation import build_mutation_probes
 from redline.exporters.probe import Probe, ProbeCache, writes_canaries
 from redline.exporters.session_crdt import SessionCrdtProbe
 from redline.exporters.session_rpo import SessionRpoProbe

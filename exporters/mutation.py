@@ -44,35 +44,28 @@ field). The model version is the `x-redline-model-version` header of the answer 
 sends one (redline's simulator, a gateway that stamps it), else the snapshot registry's active
 version of the model (`ActiveVersions`), else "unknown".
 
-Canary file (`canaries.path`, JSONL, one object a line, `#` comments and blank lines skipped):
-
-    {"id": "capital-france", "messages": [{"role": "user", "content": "Capital of France?"}],
-     "max_tokens": 32, "whitelist": ["timestamp", "uuid", "re:order-[0-9]+"],
-     "equivalents": [["paris", "paris france"]]}
-
-`prompt` (a string) may stand for a single user message. Problems raise `CanaryFileError`, each
-naming file:line and the field. Unset: the built-in `DEFAULT_CANARIES` (golden prompts the local
-stack's simulator answers), for the demo and local stack only.
+The canary file: `redline.exporters.canary_file`; normalisation, diff and score:
+`redline.exporters.mutation_diff`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import threading
 import time
-import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import redis
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
 
+from redline.exporters.canary_file import DEFAULT_CANARIES, Canary, load_canaries
+from redline.exporters.mutation_diff import WORD, Comparison, Normaliser, compare
 from redline.exporters.probe import MetricDef, Probe, Sample
 from redline.platform.golden import MODEL_VERSION_HEADER
 from redline.platform.sessions import open_redis
@@ -87,395 +80,11 @@ MUTATION_METRICS = (
     MetricDef.of(catalog.LLM_OUTPUT_CONSISTENCY_DIFF_INFO),
 )
 UNKNOWN_VERSION = "unknown"
-WHITELIST_PATTERNS: dict[str, str] = {
-    # ISO 8601 and the common "2024-08-01 14:22:07" form, with fractions and a zone.
-    "timestamp": r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?"
-    r"(?:Z|[+-]\d{2}:?\d{2})?\b",
-    "date": r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b",
-    "time": r"\b\d{1,2}:\d{2}(?::\d{2}(?:\.\d+)?)?\b",
-    "uuid": r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",
-    "hex": r"\b(?:0x)?[0-9a-fA-F]{8,}\b",
-    "number": r"[-+]?\b\d+(?:[.,]\d+)*\b",
-}
-"""Built-in template fields a canary may whitelist by name (masked before comparison); the order
-is the masking order, so a timestamp is masked whole before its numbers could be."""
-CANARY_FIELDS = ("id", "messages", "prompt", "max_tokens", "whitelist", "equivalents")
-_WORD = re.compile(r"\w+")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_]+")
-_MAX_PROBLEMS = 50
-
-
-class CanaryFileError(Exception):
-    """A canary file that cannot be used; every problem names file:line and the field."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = tuple(problems)
 
 
 class MutationProbeError(Exception):
     """A region did not answer a canary (the run fails; its gauges become unknown)."""
-
-
-# ---- canaries ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Canary:
-    """One canary prompt: the messages sent, `max_tokens`, template fields to mask (built-in
-    names or `re:` regexes) and groups of equivalent spellings."""
-
-    id: str
-    messages: tuple[tuple[str, str], ...]
-    max_tokens: int = 32
-    whitelist: tuple[str, ...] = ()
-    equivalents: tuple[tuple[str, ...], ...] = ()
-
-    def request(self, model: str) -> dict[str, Any]:
-        """The deterministic chat-completions body asking this canary of `model`."""
-        return {
-            "model": model,
-            "messages": [{"role": role, "content": content} for role, content in self.messages],
-            "max_tokens": self.max_tokens,
-            "temperature": 0,
-            "stream": False,
-        }
-
-
-DEFAULT_CANARIES: tuple[Canary, ...] = (
-    Canary("capital-france", (("user", "What is the capital of France?"),)),
-    Canary("hexagon", (("user", "How many sides does a hexagon have?"),), 32, (), (("6", "six"),)),
-    Canary("leap-year", (("user", "How many days are in a leap year?"),)),
-    Canary("red-planet", (("user", "Which planet is known as the Red Planet?"),)),
-)
-"""Golden prompts the local stack's simulator answers (demo and local stack only)."""
-
-
-def compile_whitelist(names: Iterable[str]) -> tuple[re.Pattern[str], ...]:
-    """The patterns of whitelist entries (built-in names, `re:` regexes); ValueError if bad."""
-    patterns = []
-    for name in names:
-        if name.startswith("re:"):
-            try:
-                patterns.append(re.compile(name[3:]))
-            except re.error as exc:
-                raise ValueError(f"{name!r}: not a regular expression: {exc}") from None
-        elif name in WHITELIST_PATTERNS:
-            patterns.append(re.compile(WHITELIST_PATTERNS[name]))
-        else:
-            allowed = ", ".join(WHITELIST_PATTERNS)
-            raise ValueError(f"{name!r} is not a built-in field ({allowed}) nor re:<regex>")
-    return tuple(patterns)
-
-
-def _messages(data: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    if "messages" in data and "prompt" in data:
-        raise ValueError("messages: give messages or prompt, not both")
-    if "prompt" in data:
-        prompt = data["prompt"]
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("prompt: must be a non-empty string")
-        return (("user", prompt),)
-    raw = data.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise ValueError("messages: required, a non-empty list of {role, content}")
-    out = []
-    for index, message in enumerate(raw):
-        if not isinstance(message, dict):
-            raise ValueError(f"messages[{index}]: must be an object {{role, content}}")
-        role, content = message.get("role"), message.get("content")
-        if role not in ("system", "user", "assistant"):
-            raise ValueError(f"messages[{index}].role: must be system, user or assistant")
-        if not isinstance(content, str):
-            raise ValueError(f"messages[{index}].content: must be a string")
-        out.append((str(role), content))
-    return tuple(out)
-
-
-def _equivalents(raw: object) -> tuple[tuple[str, ...], ...]:
-    if not isinstance(raw, list):
-        raise ValueError("equivalents: must be a list of lists of spellings")
-    groups = []
-    for index, group in enumerate(raw):
-        if (
-            not isinstance(group, list)
-            or len(group) < 2
-            or not all(isinstance(s, str) and _WORD.search(s) for s in group)
-        ):
-            raise ValueError(
-                f"equivalents[{index}]: must list at least two spellings, each with a word"
-            )
-        groups.append(tuple(group))
-    return tuple(groups)
-
-
-def parse_canary(data: object) -> Canary:
-    """One canary from a decoded JSONL line; ValueError naming the field."""
-    if not isinstance(data, dict):
-        raise ValueError("line: must be a JSON object")
-    unknown = sorted(set(data) - set(CANARY_FIELDS))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown field (allowed: {', '.join(CANARY_FIELDS)})")
-    ident = data.get("id")
-    if not isinstance(ident, str) or not _ID.match(ident):
-        raise ValueError("id: required, 1-64 characters of letters, digits, _ . : -")
-    max_tokens = data.get("max_tokens", 32)
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or not 1 <= max_tokens:
-        raise ValueError("max_tokens: must be a positive integer")
-    whitelist = data.get("whitelist", [])
-    if not isinstance(whitelist, list) or not all(isinstance(w, str) for w in whitelist):
-        raise ValueError("whitelist: must be a list of strings")
-    try:
-        compile_whitelist(whitelist)
-    except ValueError as exc:
-        raise ValueError(f"whitelist: {exc}") from None
-    return Canary(
-        ident,
-        _messages(data),
-        max_tokens,
-        tuple(whitelist),
-        _equivalents(data.get("equivalents", [])),
-    )
-
-
-def parse_canaries(text: str, source: str) -> tuple[Canary, ...]:
-    """Every canary of a JSONL text; CanaryFileError listing each bad line as source:line."""
-    canaries: list[Canary] = []
-    problems: list[str] = []
-    seen: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        try:
-            data = json.loads(stripped)
-        except ValueError as exc:
-            problems.append(f"{source}:{number}: not JSON: {exc}")
-            continue
-        try:
-            canary = parse_canary(data)
-        except ValueError as exc:
-            problems.append(f"{source}:{number}: {exc}")
-            continue
-        if canary.id in seen:
-            problems.append(f"{source}:{number}: id: {canary.id!r} repeats line {seen[canary.id]}")
-            continue
-        seen[canary.id] = number
-        canaries.append(canary)
-        if len(problems) >= _MAX_PROBLEMS:
-            break
-    if not problems and not canaries:
-        problems.append(f"{source}: no canary prompts (one JSON object a line)")
-    if problems:
-        raise CanaryFileError(problems)
-    return tuple(canaries)
-
-
-def load_canaries(path: Path) -> tuple[Canary, ...]:
-    """The canaries of a JSONL file; CanaryFileError (unreadable file, bad lines)."""
-    try:
-        text = path.read_text("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CanaryFileError([f"{path}: cannot read the canary file: {exc}"]) from None
-    return parse_canaries(text, str(path))
-
-
-# ---- normalisation, diff, score ------------------------------------------------------------
-
-
-def _tokens(text: str) -> list[str]:
-    return _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
-
-
-@dataclass(frozen=True, eq=False)
-class Normaliser:
-    """Masks whitelisted fields, folds case, drops punctuation and whitespace, maps equivalent
-    spellings to the first of their group (phrases, longest first)."""
-
-    whitelist: tuple[str, ...] = ()
-    equivalents: tuple[tuple[str, ...], ...] = ()
-    _patterns: tuple[tuple[str, re.Pattern[str]], ...] = field(init=False, repr=False)
-    _table: dict[tuple[str, ...], tuple[str, ...]] = field(init=False, repr=False)
-    _longest: int = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        patterns = compile_whitelist(self.whitelist)
-        names = [
-            _UNSAFE.sub("_", name[3:] if name.startswith("re:") else name).strip("_") or "field"
-            for name in self.whitelist
-        ]
-        table: dict[tuple[str, ...], tuple[str, ...]] = {}
-        for group in self.equivalents:
-            canonical = tuple(_tokens(group[0]))
-            for spelling in group:
-                table.setdefault(tuple(_tokens(spelling)), canonical)
-        object.__setattr__(self, "_patterns", tuple(zip(names, patterns, strict=True)))
-        object.__setattr__(self, "_table", table)
-        object.__setattr__(self, "_longest", max((len(k) for k in table), default=0))
-
-    def __call__(self, text: str) -> list[str]:
-        """The comparable tokens of `text`."""
-        for name, pattern in self._patterns:
-            # Spaces around the placeholder keep it one token whatever surrounded the field.
-            text = pattern.sub(f" __{name}__ ", text)
-        tokens = _tokens(text)
-        if not self._table:
-            return tokens
-        out: list[str] = []
-        i = 0
-        while i < len(tokens):
-            for size in range(min(self._longest, len(tokens) - i), 0, -1):
-                canonical = self._table.get(tuple(tokens[i : i + size]))
-                if canonical is not None:
-                    out.extend(canonical)
-                    i += size
-                    break
-            else:
-                out.append(tokens[i])
-                i += 1
-        return out
-
-
-def normalise(
-    text: str, whitelist: Sequence[str] = (), equivalents: Sequence[Sequence[str]] = ()
-) -> list[str]:
-    """The comparable tokens of `text` (see `Normaliser`)."""
-    return Normaliser(tuple(whitelist), tuple(tuple(g) for g in equivalents))(text)
-
-
-Op = Literal["=", "-", "+"]
-
-
-@dataclass(frozen=True)
-class Edit:
-    """One token of an edit script: kept (`=`), deleted from the old (`-`), inserted (`+`)."""
-
-    op: Op
-    token: str
-
-
-def myers_diff(old: Sequence[str], new: Sequence[str]) -> list[Edit]:
-    """The shortest edit script from `old` to `new` (Myers 1986, O((N+M)·D) time).
-
-    Chosen over difflib.SequenceMatcher because Myers' script is minimal, so the number of
-    edits is a distance (0 exactly when equal, symmetric); SequenceMatcher's junk heuristics
-    and longest-block matching can report more changes than there are.
-    """
-    n, m = len(old), len(new)
-    offset = n + m + 1
-    v = [0] * (2 * offset + 1)
-    trace: list[list[int]] = []
-    for d in range(n + m + 1):
-        trace.append(v.copy())
-        for k in range(-d, d + 1, 2):
-            if k == -d or (k != d and v[offset + k - 1] < v[offset + k + 1]):
-                x = v[offset + k + 1]  # down: insert new[y]
-            else:
-                x = v[offset + k - 1] + 1  # right: delete old[x]
-            y = x - k
-            while x < n and y < m and old[x] == new[y]:
-                x, y = x + 1, y + 1
-            v[offset + k] = x
-            if x >= n and y >= m:
-                return _backtrack(old, new, trace, offset)
-    raise AssertionError("unreachable: D <= N + M")
-
-
-def _backtrack(
-    old: Sequence[str], new: Sequence[str], trace: list[list[int]], offset: int
-) -> list[Edit]:
-    x, y = len(old), len(new)
-    script: list[Edit] = []
-    for d in range(len(trace) - 1, -1, -1):
-        v = trace[d]
-        k = x - y
-        if k == -d or (k != d and v[offset + k - 1] < v[offset + k + 1]):
-            prev_k = k + 1
-        else:
-            prev_k = k - 1
-        prev_x = v[offset + prev_k]
-        prev_y = prev_x - prev_k
-        while x > prev_x and y > prev_y:
-            x, y = x - 1, y - 1
-            script.append(Edit("=", old[x]))
-        if d > 0:
-            if x == prev_x:
-                script.append(Edit("+", new[prev_y]))
-            else:
-                script.append(Edit("-", old[prev_x]))
-        x, y = prev_x, prev_y
-    script.reverse()
-    return script
-
-
-def edit_distance(script: Sequence[Edit]) -> int:
-    """Tokens inserted plus tokens deleted."""
-    return sum(1 for edit in script if edit.op != "=")
-
-
-def mutation_score(changes: int, old_len: int, new_len: int, short_tokens: int = 32) -> float:
-    """Changed-token ratio D / (n + m), times min(1, sqrt(short_tokens / max(n, m))): full
-    weight for short answers, damped for long ones."""
-    total = old_len + new_len
-    if changes <= 0 or total == 0:
-        return 0.0
-    weight = min(1.0, math.sqrt(short_tokens / max(old_len, new_len, 1)))
-    return round(min(1.0, changes / total) * weight, 6)
-
-
-def render_diff(script: Sequence[Edit], limit: int = 120) -> str:
-    """The hunks of an edit script as `-old words +new words`, joined by ` | `, truncated to
-    `limit` characters (an ellipsis marks a cut)."""
-    hunks: list[str] = []
-    deleted: list[str] = []
-    inserted: list[str] = []
-
-    def close() -> None:
-        if deleted or inserted:
-            parts = ([f"-{' '.join(deleted)}"] if deleted else []) + (
-                [f"+{' '.join(inserted)}"] if inserted else []
-            )
-            hunks.append(" ".join(parts))
-            deleted.clear()
-            inserted.clear()
-
-    for edit in script:
-        if edit.op == "=":
-            close()
-        elif edit.op == "-":
-            deleted.append(edit.token)
-        else:
-            inserted.append(edit.token)
-    close()
-    text = " | ".join(hunks)
-    if len(text) > limit:
-        return text[: max(0, limit - 1)].rstrip() + "…"
-    return text
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One answer against its baseline: the edit count, the score and the rendered diff."""
-
-    changes: int
-    score: float
-    diff: str
-
-
-def compare(
-    baseline: str,
-    answer: str,
-    normaliser: Normaliser,
-    short_tokens: int = 32,
-    diff_chars: int = 120,
-) -> Comparison:
-    """Normalise both texts, diff them, score the diff."""
-    old, new = normaliser(baseline), normaliser(answer)
-    script = myers_diff(old, new)
-    changes = edit_distance(script)
-    score = mutation_score(changes, len(old), len(new), short_tokens)
-    return Comparison(changes, score, render_diff(script, diff_chars) if changes else "")
 
 
 # ---- accepted answers in Redis -------------------------------------------------------------
@@ -816,7 +425,7 @@ def build_mutation_probes(
         return []
     canaries = mutation_canaries(settings)
     for index, group in enumerate(settings.equivalents):
-        if len(group) < 2 or not all(_WORD.search(s) for s in group):
+        if len(group) < 2 or not all(WORD.search(s) for s in group):
             raise ValueError(
                 f"mutation.equivalents[{index}]: must list at least two spellings, each with a word"
             )

@@ -63,7 +63,7 @@ from redline.remediation.guards import (
     read_guard_hashes,
 )
 from redline.remediation.guards import load_durability as load_spec_durability
-from redline.remediation.jobs import AsyncJobStore, Job, JobStatus
+from redline.remediation.jobs import Job, JobStatus
 from redline.remediation.metrics import (
     AuditStatus,
     WebhookCounters,
@@ -74,6 +74,7 @@ from redline.remediation.metrics import (
     render_metrics,
 )
 from redline.remediation.models import WebhookPayload
+from redline.remediation.receiver_store import AsyncJobStore
 from redline.remediation.settings import RemediationSettings
 from redline.slo.spec import RedisDurability
 

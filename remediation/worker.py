@@ -403,6 +403,63 @@ class Worker:
         lock_value: str,
         mode: str,
     ) -> None:
+        attempt, lease, started = self._begin_attempt(
+            job, entry, playbook, target, lock_value, mode
+        )
+        ctx = self._context(job, alert, playbook, target, firing, attempt, lease, mode)
+        shadow = mode == "shadow"
+        try:
+            ran = self._run_steps(playbook, ctx, job, mode)
+        except LeaseLostError:
+            log.warning("job %s: taken over by another worker; abandoning attempt", job.id)
+            self.audit.append("job.abandoned", job.id, attempt=attempt, worker=self.consumer)
+            return
+        except REDIS_DOWN:
+            # Not the job's outcome: the entry stays pending and is reclaimed when Redis is back.
+            log.warning("job %s: Redis failed mid-attempt; the job will be reclaimed", job.id)
+            raise
+        except TransientError as exc:
+            self._retry(job, entry, playbook.name, attempt, exc, time.monotonic() - started, mode)
+            return
+        except PlaybookError as exc:
+            self._settle_final(
+                job, entry, playbook.name, "shadowed" if shadow else "failed",
+                "shadow" if shadow else "failed", time.monotonic() - started, attempt, str(exc),
+                mode,
+            )  # fmt: skip
+            return
+        except Exception as exc:  # noqa: BLE001 - a playbook bug must fail its job, not the worker
+            log.exception("job %s: playbook %s raised", job.id, playbook.name)
+            error = f"{type(exc).__name__}: {exc}"
+            self._settle_final(
+                job, entry, playbook.name, "shadowed" if shadow else "failed",
+                "shadow" if shadow else "failed", time.monotonic() - started, attempt, error, mode,
+            )  # fmt: skip
+            return
+        finally:
+            lease.stop()
+        if lease.lost.is_set():
+            log.warning("job %s: lease lost during the last step; not settling", job.id)
+            return
+        seconds = time.monotonic() - started
+        if isinstance(ran, Waiting):
+            self._defer_step(job, entry, playbook.name, attempt, ran, seconds)
+            return
+        self._settle_final(
+            job, entry, playbook.name, ran.status, ran.outcome, seconds, attempt, ran.error, mode
+        )
+
+    def _begin_attempt(
+        self,
+        job: Job,
+        entry: Entry,
+        playbook: Playbook,
+        target: str,
+        lock_value: str,
+        mode: str,
+    ) -> tuple[int, _Lease, float]:
+        """Count the attempt, start its lease (and the target's lock when acting), audit it;
+        the attempt's number, its lease and when it started (monotonic)."""
         resuming = job.status == "waiting"
         locked = mode == "act"
         attempt = self.store.start_attempt(
@@ -436,11 +493,25 @@ class Worker:
             # A renewed lease would keep the entry from ever going idle and being reclaimed.
             lease.stop()
             raise
+        return attempt, lease, started
+
+    def _context(
+        self,
+        job: Job,
+        alert: Alert,
+        playbook: Playbook,
+        target: str,
+        firing: Job | None,
+        attempt: int,
+        lease: _Lease,
+        mode: str,
+    ) -> PlaybookContext:
+        """What the playbook's steps see of this attempt."""
 
         def recorder(name: str, detail: str, data: Mapping[str, Any]) -> None:
             self._record(job.id, attempt, "record", name, True, detail, data, None)
 
-        ctx = PlaybookContext(
+        return PlaybookContext(
             job_id=job.id,
             playbook=playbook.name,
             alert=alert,
@@ -455,66 +526,38 @@ class Worker:
             state=dict(job.step_state or {}),
             shadow=mode == "shadow",
         )
+
+    def _retry(
+        self,
+        job: Job,
+        entry: Entry,
+        playbook: str,
+        attempt: int,
+        exc: TransientError,
+        seconds: float,
+        mode: str,
+    ) -> None:
+        """After a retryable failure: give up at the last attempt, else retry after a backoff."""
         shadow = mode == "shadow"
-        try:
-            ran = self._run_steps(playbook, ctx, job, mode)
-        except LeaseLostError:
-            log.warning("job %s: taken over by another worker; abandoning attempt", job.id)
-            self.audit.append("job.abandoned", job.id, attempt=attempt, worker=self.consumer)
-            return
-        except REDIS_DOWN:
-            # Not the job's outcome: the entry stays pending and is reclaimed when Redis is back.
-            log.warning("job %s: Redis failed mid-attempt; the job will be reclaimed", job.id)
-            raise
-        except TransientError as exc:
-            seconds = time.monotonic() - started
-            error = f"{type(exc).__name__}: {exc}"
-            if attempt >= self.settings.max_attempts:
-                self._settle_final(
-                    job, entry, playbook.name, "shadowed" if shadow else "failed",
-                    "shadow" if shadow else "failed", seconds, attempt,
-                    f"gave up after {attempt} attempts; last error: {error}", mode,
-                )  # fmt: skip
-                return
-            delay = backoff_seconds(self.settings, attempt, self._random.uniform(0.9, 1.1))
-            if self.store.defer(
-                entry,
-                self.consumer,
-                delay,
-                {"status": "retrying", "error": error},
-                RunCount(playbook.name, "retry", seconds),
-            ):
-                self.audit.append(
-                    "job.retry", job.id, attempt=attempt, error=error, delay_seconds=delay
-                )
-            return
-        except PlaybookError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        if attempt >= self.settings.max_attempts:
             self._settle_final(
-                job, entry, playbook.name, "shadowed" if shadow else "failed",
-                "shadow" if shadow else "failed", time.monotonic() - started, attempt, str(exc),
-                mode,
+                job, entry, playbook, "shadowed" if shadow else "failed",
+                "shadow" if shadow else "failed", seconds, attempt,
+                f"gave up after {attempt} attempts; last error: {error}", mode,
             )  # fmt: skip
             return
-        except Exception as exc:  # noqa: BLE001 - a playbook bug must fail its job, not the worker
-            log.exception("job %s: playbook %s raised", job.id, playbook.name)
-            error = f"{type(exc).__name__}: {exc}"
-            self._settle_final(
-                job, entry, playbook.name, "shadowed" if shadow else "failed",
-                "shadow" if shadow else "failed", time.monotonic() - started, attempt, error, mode,
-            )  # fmt: skip
-            return
-        finally:
-            lease.stop()
-        if lease.lost.is_set():
-            log.warning("job %s: lease lost during the last step; not settling", job.id)
-            return
-        seconds = time.monotonic() - started
-        if isinstance(ran, Waiting):
-            self._defer_step(job, entry, playbook.name, attempt, ran, seconds)
-            return
-        self._settle_final(
-            job, entry, playbook.name, ran.status, ran.outcome, seconds, attempt, ran.error, mode
-        )
+        delay = backoff_seconds(self.settings, attempt, self._random.uniform(0.9, 1.1))
+        if self.store.defer(
+            entry,
+            self.consumer,
+            delay,
+            {"status": "retrying", "error": error},
+            RunCount(playbook, "retry", seconds),
+        ):
+            self.audit.append(
+                "job.retry", job.id, attempt=attempt, error=error, delay_seconds=delay
+            )
 
     def _plan(
         self, playbook: Playbook, ctx: PlaybookContext, job: Job

@@ -19,7 +19,7 @@ from redline.core.redisconn import open_redis
 from redline.core.settings import SettingsError, load_settings
 from redline.gateway.settings import GatewaySettings
 from redline.platform.promptlog import PromptLog, PromptLogError, VerifyReport
-from redline.platform.promptwatch import Detection, PromptLogWatcher, WatchError
+from redline.platform.promptlog.watch import Detection, PromptLogWatcher, WatchError
 
 prompts_app = typer.Typer(
     name="prompts",

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 
 from redline.core.settings import SettingsError, load_settings
+from redline.platform.session_replica import ReplicaConsumer
 from redline.platform.session_sync import (
     CrdtSessionStore,
     SessionSync,
@@ -28,7 +29,6 @@ from redline.platform.session_sync import (
 from redline.platform.sessions import (
     REDIS_CONNECTION_ERRORS,
     CdcTargetError,
-    ReplicaConsumer,
     SessionSettings,
     SessionStoreError,
     SessionWriter,

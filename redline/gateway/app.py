@@ -43,7 +43,7 @@ from redline.core.failover import install_failover_handlers
 from redline.gateway.intent import IntentConfigError
 from redline.gateway.metrics import GatewayMetrics
 from redline.gateway.proxy import Gateway, openai_error
-from redline.gateway.quotas import QuotaConfigError, build_quota_gate
+from redline.gateway.quotas import QuotaConfigError, QuotaGate, build_quota_gate
 from redline.gateway.settings import GatewayConfigError, GatewaySettings
 from redline.gateway.spot import SpotDrainRequest, SpotReleaseRequest
 from redline.gateway.tokens import TokenizerConfigError
@@ -120,24 +120,8 @@ def build_gateway_app(
     auth = build_admin_auth(settings)  # an unusable token file stops the build, before serving
     apply_created_series(settings.created_series)
     registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-    metrics = GatewayMetrics(
-        registry,
-        spec.sources.buckets,
-        list(settings.upstreams),
-        settings.max_model_labels,
-    )
-    breakers = settings.breakers.apply(spec.breakers)  # GatewayConfigError when invalid
     own_tracing = tracing is None
-    if tracing is None:
-        try:
-            tracing = GatewayTracing.from_settings(settings.tracing)
-        except TracingConfigError as exc:
-            raise GatewayConfigError(str(exc)) from None
-    try:
-        quotas = build_quota_gate(settings, spec.quotas, registry)
-    except (QuotaConfigError, TokenizerConfigError, IntentConfigError) as exc:
-        raise GatewayConfigError(str(exc)) from None
-    gateway = Gateway(settings, metrics, breakers, tracing, quotas)
+    gateway, quotas = _build_gateway(settings, spec, registry, tracing)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -161,18 +145,79 @@ def build_gateway_app(
     app.state.gateway = gateway
     app.state.registry = registry
 
+    @app.exception_handler(AdminRefusedError)
+    async def admin_refused(request: Request, exc: AdminRefusedError) -> Response:
+        answer = openai_error(exc.refusal.status, exc.refusal.message, exc.refusal.kind)
+        answer.headers.update(exc.refusal.headers)
+        return answer
+
+    _add_routes(app, gateway, registry)
+    # Last: the proxied routes are matched first, so the admin router costs them nothing.
+    app.include_router(_admin_router(gateway, auth))
+    # Redis failing over never shows as a 500: 503 + Retry-After (no cost until it happens).
+    install_failover_handlers(app, _failover_body, "gateway")
+
+    return app
+
+
+def _build_gateway(
+    settings: GatewaySettings,
+    spec: Spec,
+    registry: CollectorRegistry,
+    tracing: GatewayTracing | None,
+) -> tuple[Gateway, QuotaGate | None]:
+    """The proxy and its quota gate, from the settings (GatewayConfigError when unusable)."""
+    metrics = GatewayMetrics(
+        registry,
+        spec.sources.buckets,
+        list(settings.upstreams),
+        settings.max_model_labels,
+    )
+    breakers = settings.breakers.apply(spec.breakers)  # GatewayConfigError when invalid
+    if tracing is None:
+        try:
+            tracing = GatewayTracing.from_settings(settings.tracing)
+        except TracingConfigError as exc:
+            raise GatewayConfigError(str(exc)) from None
+    try:
+        quotas = build_quota_gate(settings, spec.quotas, registry)
+    except (QuotaConfigError, TokenizerConfigError, IntentConfigError) as exc:
+        raise GatewayConfigError(str(exc)) from None
+    return Gateway(settings, metrics, breakers, tracing, quotas), quotas
+
+
+def _add_routes(app: FastAPI, gateway: Gateway, registry: CollectorRegistry) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await gateway.handle(request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await gateway.handle(request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        return await gateway.handle(request, record=False)
+
+    @app.get("/metrics")
+    async def metrics_endpoint(request: Request) -> Response:
+        # OpenMetrics when the scraper asks for it (Prometheus does): the only exposition that
+        # carries the latency histogram's trace-id exemplars; else the classic text format.
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(registry), headers={"content-type": content_type})
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return gateway.status()
+
+
+def _admin_router(gateway: Gateway, auth: AdminAuth) -> APIRouter:
     def unknown_node(node: str) -> Response | None:
         if node in gateway.regions:
             return None
         return openai_error(
             404, f"unknown node {node!r}; upstreams: {', '.join(gateway.regions)}", "NotFoundError"
         )
-
-    @app.exception_handler(AdminRefusedError)
-    async def admin_refused(request: Request, exc: AdminRefusedError) -> Response:
-        answer = openai_error(exc.refusal.status, exc.refusal.message, exc.refusal.kind)
-        answer.headers.update(exc.refusal.headers)
-        return answer
 
     async def require_admin(request: Request) -> None:
         refusal = auth.check(request.headers.get("authorization"))
@@ -206,32 +251,4 @@ def build_gateway_app(
     async def spot_node(node: str) -> Response:
         return unknown_node(node) or JSONResponse(gateway.spot.node_status(node))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await gateway.handle(request)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await gateway.handle(request)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        return await gateway.handle(request, record=False)
-
-    @app.get("/metrics")
-    async def metrics_endpoint(request: Request) -> Response:
-        # OpenMetrics when the scraper asks for it (Prometheus does): the only exposition that
-        # carries the latency histogram's trace-id exemplars; else the classic text format.
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(registry), headers={"content-type": content_type})
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return gateway.status()
-
-    # Last: the proxied routes are matched first, so the admin router costs them nothing.
-    app.include_router(admin)
-    # Redis failing over never shows as a 500: 503 + Retry-After (no cost until it happens).
-    install_failover_handlers(app, _failover_body, "gateway")
-
-    return app
+    return admin

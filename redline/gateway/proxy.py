@@ -63,6 +63,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redline.core.failover import RETRY_AFTER
 from redline.gateway.metrics import REROUTE_REASONS, GatewayMetrics
+from redline.gateway.promptwriter import build_prompt_log_writer
 from redline.gateway.quotas import Admission, QuotaGate, QuotaTicket, rewrite_model
 from redline.gateway.routing import RegionRouter
 from redline.gateway.settings import GatewaySettings
@@ -77,7 +78,6 @@ from redline.gateway.upstream import (
     UpstreamTimeoutError,
 )
 from redline.platform.golden import MODEL_VERSION_HEADER
-from redline.platform.promptlog import build_prompt_log_writer
 from redline.platform.routing import REROUTED_HEADER, SERVED_REGION_HEADER
 from redline.platform.snapshots import UNKNOWN_VERSION, ActiveVersions, SnapshotRegistry
 from redline.platform.spot import (
@@ -480,23 +480,29 @@ class Gateway:
                 self.metrics.reroutes.labels(region, order[index + 1], reason).inc()
                 log.info("reroute %s -> %s: %s", region, order[index + 1], outcome.detail)
         assert last_failure is not None
+        return self._unanswered(req, order[0], served, failures, last_failure, record)
+
+    def _unanswered(
+        self,
+        req: _Request,
+        region: str,
+        served: str,
+        failures: list[str],
+        last_failure: _Failure,
+        record: bool,
+    ) -> Response:
+        """The answer when no region answered: the last region's 5xx as it was, else a 502 or
+        504 naming every region's failure."""
         rerouted = len(failures) > 1
         if last_failure.status is not None:
             # The last region answered with a 5xx: the client gets that answer as it was.
             if record:
-                self._observe(
-                    req,
-                    order[0],
-                    served,
-                    rerouted,
-                    "unknown",
-                    last_failure.status,
-                )
+                self._observe(req, region, served, rerouted, "unknown", last_failure.status)
             headers = _back_headers(last_failure.headers, served, rerouted)
             return Response(last_failure.body, last_failure.status, headers=headers)
         status = 504 if last_failure.reason in ("timeout", "first_byte_budget") else 502
         if record:
-            self._observe(req, order[0], served, rerouted, "unknown", status)
+            self._observe(req, region, served, rerouted, "unknown", status)
         return openai_error(
             status, "no upstream region answered: " + "; ".join(failures), "UpstreamError"
         )

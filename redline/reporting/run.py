@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from redline.platform.prometheus import PrometheusClient
-from redline.reporting.fetch import check_step, fetch_report_input
+from redline.reporting.fetch import fetch_report_input
+from redline.reporting.queries import check_step
 from redline.slo.maths import HOUR
 from redline.slo.report import Report, ReportError, Window, build_report
 from redline.slo.spec import Spec, parse_duration

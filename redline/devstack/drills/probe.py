@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from redline.devstack.drills.base import DrillError, exposition_total, matching_alerts
-from redline.devstack.fakes.simulator import adapter_version
+from redline.devstack.fakes.lora import adapter_version
 from redline.devstack.layout import ADAPTER, Endpoints, StackLayout
 from redline.devstack.loadgen import summarize_stats
 from redline.devstack.state import StackState

@@ -18,8 +18,8 @@ SGLang: an aborted request; TGI: `tgi_request_failure{err}`; NIM: `request_failu
 OpenTelemetry: an operation with `error.type`); a 4xx is a client error (vLLM: HTTP 4xx only;
 TGI: `err="validation"` for 422, `"overloaded"` for 429; the others record nothing); 499 is a
 client abort. `lora_adapters` fills vLLM's `vllm:lora_requests_info`. `render()` is the text
-exposition; `EngineMetricsServer(exposition)` serves any object with `render()` on `/metrics` (and
-NIM's `/v1/metrics`) from a thread.
+exposition; `EngineMetricsServer(exposition)` (`redline.devstack.fakes.metrics_server`) serves
+any object with `render()` on `/metrics` (and NIM's `/v1/metrics`) from a thread.
 
 Where prometheus-client cannot write what a non-Python engine writes, the text is adjusted (TGI's
 counters carry no `_total`); prometheus-client's `_created` series stay (TGI and OpenTelemetry's
@@ -34,12 +34,9 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate, repeat
-from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -292,6 +289,10 @@ class _Vllm(_Engine):
             if self.lora_adapters
             else None
         )
+        self._setup_api_server()
+        self.kv_cache.set(0.05)
+
+    def _setup_api_server(self) -> None:
         # prometheus-fastapi-instrumentator's default metrics, on vLLM's registry. It creates a
         # status series at its first request (no zero before it), so a burst of 5xx on a fresh
         # series is partly invisible to rate(), as on a real vLLM.
@@ -308,7 +309,6 @@ class _Vllm(_Engine):
             ["handler", "method", *self.extra],
             (0.1, 0.5, 1.0),
         ).labels(handler=self.HANDLER, method="POST", **self.extra)
-        self.kv_cache.set(0.05)
 
     def record(self, request: Request, count: int) -> None:
         """Finished requests go through the engine's stats; every request through the API's."""
@@ -702,105 +702,3 @@ class EngineMetrics:
     def render(self) -> bytes:
         """The text exposition (format 0.0.4), as the engine writes it."""
         return self._engine.fix_text(generate_latest(self.registry).decode()).encode()
-
-
-class Exposition(Protocol):
-    """Anything with a text exposition."""
-
-    def render(self) -> bytes:
-        """The text exposition (format 0.0.4)."""
-        ...
-
-
-@dataclass(frozen=True)
-class RegistryExposition:
-    """A prometheus-client registry as an `Exposition` (e.g. the exporter's collectors)."""
-
-    registry: CollectorRegistry
-
-    def render(self) -> bytes:
-        """The registry's text exposition."""
-        return generate_latest(self.registry)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _ExpositionHTTPServer
-
-    def do_GET(self) -> None:  # noqa: N802 -- http.server's naming
-        path = self.path.split("?", 1)[0]
-        if path not in self.server.paths:
-            self.send_error(404)
-            return
-        body = self.server.exposition.render()
-        self.server.count_scrape()
-        self.send_response(200)
-        self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        """Quiet: scrapes every second would flood the test output."""
-
-
-class _ExpositionHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(
-        self, address: tuple[str, int], exposition: Exposition, paths: Sequence[str]
-    ) -> None:
-        super().__init__(address, _Handler)
-        self.exposition = exposition
-        self.paths = frozenset(paths)
-        self.scrapes = 0
-        self._lock = threading.Lock()
-
-    def count_scrape(self) -> None:
-        with self._lock:
-            self.scrapes += 1
-
-
-class EngineMetricsServer:
-    """Serves an exposition on `/metrics` and `/v1/metrics` from a daemon thread."""
-
-    def __init__(
-        self,
-        exposition: Exposition,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        paths: Sequence[str] = ("/metrics", "/v1/metrics"),
-    ) -> None:
-        self._server = _ExpositionHTTPServer((host, port), exposition, paths)
-        self.host = host
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
-        )
-        self._thread.start()
-
-    @property
-    def target(self) -> str:
-        """`host:port`, as a Prometheus static target."""
-        return f"{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """The metrics URL."""
-        return f"http://{self.target}/metrics"
-
-    @property
-    def scrapes(self) -> int:
-        """Expositions served so far."""
-        return self._server.scrapes
-
-    def stop(self) -> None:
-        """Stop serving and close the socket."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5)
-
-    def __enter__(self) -> EngineMetricsServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redline.platform.index.apply import BatchResult, DeltaApplier, wait_for_batch
 from redline.platform.index.conflicts import DEFAULT_SALT
@@ -100,10 +100,45 @@ def replay_delta_log(
     and the conflict window: those of the collection's writers (two writing regions)."""
     started = time.monotonic()
     name = target.name
+    after, end, resumed = _replay_range(deltalog, name, until)
+    deltalog.register_target(name)  # before the range is recorded: a trim must see it
+    deltalog.set_replay_range(name, after, end)
+    applier = DeltaApplier(
+        deltalog, target, lease_ttl_seconds, replay=True, salt=salt,
+        conflict_window_seconds=conflict_window_seconds,
+    )  # fmt: skip
+    done = _Applied(covered=after)
+    _apply_batches(
+        deltalog, applier, done, end, batch_size, lease_wait_seconds, max_rows_per_second, on_batch
+    )
+    if parse_stream_id(done.covered) < parse_stream_id(end):
+        done.gaps.append((done.covered, end))
+    apply_seconds = time.monotonic() - started
+    target.flush()
+    compacted = target.compact() if compact else False
+    # the range's last write per id: this run's batches plus whatever others applied in between
+    in_range = done.entries
+    for gap_after, gap_until in done.gaps:
+        in_range += note_last_writes(done.expected, deltalog.iter_range(gap_after, gap_until))
+    report = verify_last_writes(
+        deltalog, target, done.expected, after, end, in_range, salt=salt,
+        conflict_window_seconds=conflict_window_seconds,
+    )  # fmt: skip
+    if report.ok:
+        deltalog.clear_replay_range(name)
+    return ReplayReport(
+        deltalog.collection, name, after, end, resumed, done.entries, done.upserts, done.deletes,
+        done.conflicts, done.superseded, done.batches, True, compacted, report, apply_seconds,
+        time.monotonic() - started,
+    )  # fmt: skip
+
+
+def _replay_range(deltalog: DeltaLog, name: str, until: str | None) -> tuple[str, str, bool]:
+    """The range to replay, (after, end], and whether it resumes an interrupted replay (whose
+    whole recorded range is replayed and verified again)."""
     checkpoint = deltalog.target_state(name).checkpoint
     end = until or deltalog.last_id()
     record = deltalog.replay_range(name)
-    resumed = record is not None
     after = checkpoint
     if record is not None:
         after = record[0]
@@ -111,16 +146,49 @@ def replay_delta_log(
             end = record[1]
     if parse_stream_id(end) < parse_stream_id(after):
         end = after
-    deltalog.register_target(name)  # before the range is recorded: a trim must see it
-    deltalog.set_replay_range(name, after, end)
-    applier = DeltaApplier(
-        deltalog, target, lease_ttl_seconds, replay=True, salt=salt,
-        conflict_window_seconds=conflict_window_seconds,
-    )  # fmt: skip
-    entries = upserts = deletes = conflicts = superseded = batches = 0
-    expected: dict[str, LastWrite] = {}
-    covered = after  # (after, covered] is folded into `expected` or listed in `gaps`
-    gaps: list[tuple[str, str]] = []
+    return after, end, record is not None
+
+
+@dataclass
+class _Applied:
+    """What the batches of a replay applied, and the last write per id they left."""
+
+    covered: str  # (after, covered] is folded into `expected` or listed in `gaps`
+    entries: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    conflicts: int = 0
+    superseded: int = 0
+    batches: int = 0
+    expected: dict[str, LastWrite] = field(default_factory=dict)
+    gaps: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, result: BatchResult) -> None:
+        """Count one applied batch."""
+        if result.start != self.covered:
+            # The entries between were applied by an earlier or another applier.
+            self.gaps.append((self.covered, result.start))
+        self.covered = result.checkpoint
+        note_last_writes(self.expected, result.batch)
+        self.batches += 1
+        self.entries += result.entries
+        self.upserts += result.upserts
+        self.deletes += result.deletes
+        self.conflicts += result.conflicts
+        self.superseded += result.superseded
+
+
+def _apply_batches(
+    deltalog: DeltaLog,
+    applier: DeltaApplier,
+    done: _Applied,
+    end: str,
+    batch_size: int,
+    lease_wait_seconds: float,
+    max_rows_per_second: float | None,
+    on_batch: Callable[[BatchResult], None] | None,
+) -> None:
+    """Apply batches up to `end`, each read from Redis while the one before is written."""
     pending: tuple[str, Future[list[Entry]]] | None = None
     with ThreadPoolExecutor(max_workers=1) as reader:
         while True:
@@ -137,16 +205,7 @@ def replay_delta_log(
             if pending is None or pending[0] != result.checkpoint:
                 nxt = result.checkpoint
                 pending = (nxt, reader.submit(deltalog.read_after, nxt, batch_size, end))
-            if result.start != covered:
-                gaps.append((covered, result.start))  # applied by an earlier or another applier
-            covered = result.checkpoint
-            note_last_writes(expected, result.batch)
-            batches += 1
-            entries += result.entries
-            upserts += result.upserts
-            deletes += result.deletes
-            conflicts += result.conflicts
-            superseded += result.superseded
+            done.add(result)
             if on_batch is not None:
                 on_batch(result)
             if max_rows_per_second:
@@ -155,22 +214,3 @@ def replay_delta_log(
                     time.sleep(pause)
         if pending is not None:
             pending[1].cancel()
-    if parse_stream_id(covered) < parse_stream_id(end):
-        gaps.append((covered, end))
-    apply_seconds = time.monotonic() - started
-    target.flush()
-    compacted = target.compact() if compact else False
-    # the range's last write per id: this run's batches plus whatever others applied in between
-    in_range = entries
-    for gap_after, gap_until in gaps:
-        in_range += note_last_writes(expected, deltalog.iter_range(gap_after, gap_until))
-    report = verify_last_writes(
-        deltalog, target, expected, after, end, in_range, salt=salt,
-        conflict_window_seconds=conflict_window_seconds,
-    )  # fmt: skip
-    if report.ok:
-        deltalog.clear_replay_range(name)
-    return ReplayReport(
-        deltalog.collection, name, after, end, resumed, entries, upserts, deletes, conflicts,
-        superseded, batches, True, compacted, report, apply_seconds, time.monotonic() - started,
-    )  # fmt: skip

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -374,49 +374,9 @@ def build_row_schema(
     raw_fields = list(described.get("fields", []))
     types = {str(f["name"]): _type(f.get("type")) for f in raw_fields}
     generated = tuple(str(f["name"]) for f in raw_fields if f.get("is_function_output"))
-    primary = [f for f in raw_fields if f.get("is_primary")]
-    if not primary:
-        raise IndexSchemaError(f"{at} has no primary key field")
-    pk_raw = primary[0]
+    pk_raw, pk_type = _primary_key(described, raw_fields, types, at)
     pk = str(pk_raw["name"])
-    if types[pk] == DataType.INT64:
-        pk_type: PkType = "int64"
-    elif types[pk] == DataType.VARCHAR:
-        pk_type = "varchar"
-    else:
-        raise IndexSchemaError(
-            f"{at}: primary key field {pk!r} is {types[pk].name}; the index write path "
-            "supports INT64 and VARCHAR keys"
-        )
-    if pk_raw.get("auto_id") or described.get("auto_id"):
-        raise IndexSchemaError(
-            f"{at}: primary key field {pk!r} has auto_id on; the index write path writes its "
-            "own ids (create the collection with auto_id off)"
-        )
-    floats = [n for n, t in types.items() if t == DataType.FLOAT_VECTOR]
-    if vector_field is not None:
-        if vector_field not in types:
-            raise IndexSchemaError(
-                f"{at} has no field {vector_field!r} (vector_field); fields: {sorted(types)}"
-            )
-        if types[vector_field] != DataType.FLOAT_VECTOR:
-            raise IndexSchemaError(
-                f"{at}: field {vector_field!r} is {types[vector_field].name}, not FLOAT_VECTOR"
-            )
-        vector = vector_field
-    elif not floats:
-        raise IndexSchemaError(
-            f"{at} has no FLOAT_VECTOR field (fields: "
-            + ", ".join(f"{n} {t.name}" for n, t in types.items())
-            + ")"
-        )
-    elif len(floats) > 1:
-        raise IndexSchemaError(
-            f"{at} has FLOAT_VECTOR fields {', '.join(floats)}: set vector_field to the one the "
-            "index is about (the others travel with the row)"
-        )
-    else:
-        vector = floats[0]
+    vector = _vector_field(types, vector_field, at)
     vector_raw = next(f for f in raw_fields if f["name"] == vector)
     vector_dim = int((vector_raw.get("params") or {}).get("dim", -1))
     if dim is not None and vector_dim != dim:
@@ -424,69 +384,13 @@ def build_row_schema(
             f"{at}: field {vector!r} has dim {vector_dim}, expected {dim} (the configured dim)"
         )
     dynamic = bool(described.get("enable_dynamic_field"))
-    has_columns = (
-        types.get("ts_ms") == DataType.INT64
-        and types.get("region") == DataType.VARCHAR
-        and types.get("checksum") == DataType.VARCHAR
-    )
-    if bookkeeping == "auto":
-        if has_columns:
-            mode: Literal["columns", "dynamic", "none"] = "columns"
-        elif dynamic:
-            mode = "dynamic"
-        else:
-            raise IndexSchemaError(
-                f"{at} has nowhere to keep row versions: enable dynamic fields "
-                "(enable_dynamic_field) or add fields ts_ms INT64, region VARCHAR and checksum "
-                "VARCHAR (nullable fields can be added to an existing collection)"
-            )
-    elif bookkeeping == "columns" and not has_columns:
-        raise IndexSchemaError(
-            f"{at}: bookkeeping 'columns' needs fields ts_ms INT64, region VARCHAR, checksum "
-            "VARCHAR"
-        )
-    elif bookkeeping == "dynamic" and not dynamic:
-        raise IndexSchemaError(f"{at}: bookkeeping 'dynamic' needs enable_dynamic_field")
-    else:
-        mode = bookkeeping
+    mode = _bookkeeping_mode(types, dynamic, bookkeeping, at)
     skip = {pk, vector, *generated, *(VERSION_COLUMNS if mode == "columns" else ())}
-    specs: list[FieldSpec] = []
-    for raw in raw_fields:
-        name = str(raw["name"])
-        kind = types[name]
-        if name in skip or raw.get("is_dynamic"):
-            continue
-        params = raw.get("params") or {}
-        if kind == DataType.FLOAT_VECTOR:
-            specs.append(FieldSpec(name, kind, nullable=bool(raw.get("nullable")),
-                                   dim=int(params.get("dim", -1))))  # fmt: skip
-            continue
-        if kind in _VECTORS:
-            raise IndexSchemaError(
-                f"{at}: field {name!r} is {kind.name}; the index write path carries "
-                "FLOAT_VECTOR and scalar fields"
-            )
-        if kind not in _SCALARS:
-            raise IndexSchemaError(
-                f"{at}: field {name!r} is {kind.name}, which the index write path does not carry"
-            )
-        element = _type(raw["element_type"]) if raw.get("element_type") is not None else None
-        if kind == DataType.ARRAY and element not in _ELEMENTS:
-            raise IndexSchemaError(
-                f"{at}: array field {name!r} has elements of type "
-                f"{element.name if element else 'unknown'}, which the write path does not carry"
-            )
-        specs.append(
-            FieldSpec(
-                name,
-                kind,
-                element,
-                int(params["max_length"]) if "max_length" in params else None,
-                int(params["max_capacity"]) if "max_capacity" in params else None,
-                bool(raw.get("nullable")),
-                _default(raw.get("default_value")),
-            )
-        )
+    specs = [
+        _payload_field(raw, types[str(raw["name"])], at)
+        for raw in raw_fields
+        if str(raw["name"]) not in skip and not raw.get("is_dynamic")
+    ]
     pk_params = pk_raw.get("params") or {}
     schema = RowSchema(
         collection=collection,
@@ -507,6 +411,126 @@ def build_row_schema(
             except DeltaLogError as exc:
                 raise IndexSchemaError(f"{at}: default of {spec.name!r}: {exc}") from None
     return schema
+
+
+def _primary_key(
+    described: Mapping[str, Any],
+    raw_fields: Sequence[Mapping[str, Any]],
+    types: Mapping[str, DataType],
+    at: str,
+) -> tuple[Mapping[str, Any], PkType]:
+    """The described primary key field and its key type (an INT64 or VARCHAR key the write
+    path sets itself)."""
+    primary = [f for f in raw_fields if f.get("is_primary")]
+    if not primary:
+        raise IndexSchemaError(f"{at} has no primary key field")
+    pk_raw = primary[0]
+    pk = str(pk_raw["name"])
+    if types[pk] == DataType.INT64:
+        pk_type: PkType = "int64"
+    elif types[pk] == DataType.VARCHAR:
+        pk_type = "varchar"
+    else:
+        raise IndexSchemaError(
+            f"{at}: primary key field {pk!r} is {types[pk].name}; the index write path "
+            "supports INT64 and VARCHAR keys"
+        )
+    if pk_raw.get("auto_id") or described.get("auto_id"):
+        raise IndexSchemaError(
+            f"{at}: primary key field {pk!r} has auto_id on; the index write path writes its "
+            "own ids (create the collection with auto_id off)"
+        )
+    return pk_raw, pk_type
+
+
+def _vector_field(types: Mapping[str, DataType], vector_field: str | None, at: str) -> str:
+    """The FLOAT_VECTOR field the index is about: the configured one, else the only one."""
+    floats = [n for n, t in types.items() if t == DataType.FLOAT_VECTOR]
+    if vector_field is not None:
+        if vector_field not in types:
+            raise IndexSchemaError(
+                f"{at} has no field {vector_field!r} (vector_field); fields: {sorted(types)}"
+            )
+        if types[vector_field] != DataType.FLOAT_VECTOR:
+            raise IndexSchemaError(
+                f"{at}: field {vector_field!r} is {types[vector_field].name}, not FLOAT_VECTOR"
+            )
+        return vector_field
+    if not floats:
+        raise IndexSchemaError(
+            f"{at} has no FLOAT_VECTOR field (fields: "
+            + ", ".join(f"{n} {t.name}" for n, t in types.items())
+            + ")"
+        )
+    if len(floats) > 1:
+        raise IndexSchemaError(
+            f"{at} has FLOAT_VECTOR fields {', '.join(floats)}: set vector_field to the one the "
+            "index is about (the others travel with the row)"
+        )
+    return floats[0]
+
+
+def _bookkeeping_mode(
+    types: Mapping[str, DataType], dynamic: bool, bookkeeping: Bookkeeping, at: str
+) -> Literal["columns", "dynamic", "none"]:
+    """Where the collection keeps row versions: the configured place, or with `auto` the
+    version columns when it has them, else its dynamic fields."""
+    has_columns = (
+        types.get("ts_ms") == DataType.INT64
+        and types.get("region") == DataType.VARCHAR
+        and types.get("checksum") == DataType.VARCHAR
+    )
+    if bookkeeping == "auto":
+        if has_columns:
+            return "columns"
+        if dynamic:
+            return "dynamic"
+        raise IndexSchemaError(
+            f"{at} has nowhere to keep row versions: enable dynamic fields "
+            "(enable_dynamic_field) or add fields ts_ms INT64, region VARCHAR and checksum "
+            "VARCHAR (nullable fields can be added to an existing collection)"
+        )
+    if bookkeeping == "columns" and not has_columns:
+        raise IndexSchemaError(
+            f"{at}: bookkeeping 'columns' needs fields ts_ms INT64, region VARCHAR, checksum "
+            "VARCHAR"
+        )
+    if bookkeeping == "dynamic" and not dynamic:
+        raise IndexSchemaError(f"{at}: bookkeeping 'dynamic' needs enable_dynamic_field")
+    return bookkeeping
+
+
+def _payload_field(raw: Mapping[str, Any], kind: DataType, at: str) -> FieldSpec:
+    """The spec of a described field the payload carries (IndexSchemaError: one it cannot)."""
+    name = str(raw["name"])
+    params = raw.get("params") or {}
+    if kind == DataType.FLOAT_VECTOR:
+        return FieldSpec(name, kind, nullable=bool(raw.get("nullable")),
+                         dim=int(params.get("dim", -1)))  # fmt: skip
+    if kind in _VECTORS:
+        raise IndexSchemaError(
+            f"{at}: field {name!r} is {kind.name}; the index write path carries "
+            "FLOAT_VECTOR and scalar fields"
+        )
+    if kind not in _SCALARS:
+        raise IndexSchemaError(
+            f"{at}: field {name!r} is {kind.name}, which the index write path does not carry"
+        )
+    element = _type(raw["element_type"]) if raw.get("element_type") is not None else None
+    if kind == DataType.ARRAY and element not in _ELEMENTS:
+        raise IndexSchemaError(
+            f"{at}: array field {name!r} has elements of type "
+            f"{element.name if element else 'unknown'}, which the write path does not carry"
+        )
+    return FieldSpec(
+        name,
+        kind,
+        element,
+        int(params["max_length"]) if "max_length" in params else None,
+        int(params["max_capacity"]) if "max_capacity" in params else None,
+        bool(raw.get("nullable")),
+        _default(raw.get("default_value")),
+    )
 
 
 def legacy_schema(collection: str, dim: int, vector: str = "vector") -> RowSchema:

@@ -37,15 +37,11 @@ verify did not catch.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import hashlib
 import logging
 import os
 import queue
 import re
-import select
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -55,17 +51,11 @@ from typing import Any
 
 import redis
 
-from redline.platform.promptlog import (
-    GENESIS,
-    BatchEntry,
-    Problem,
-    PromptLog,
-    PromptLogError,
-    VerifyReport,
-    as_text,
-    check_tree,
-    read_lines,
-)
+from redline.platform.promptlog.errors import PromptLogError
+from redline.platform.promptlog.format import GENESIS, BatchEntry
+from redline.platform.promptlog.inotify import EVERYTHING, Inotify
+from redline.platform.promptlog.store import PromptLog, as_text, read_lines
+from redline.platform.promptlog.verify import Problem, VerifyReport, check_tree
 
 log = logging.getLogger(__name__)
 
@@ -74,31 +64,7 @@ _ROOTS = "roots"
 _REDIS = "redis"
 _PENDING = "pending"
 _SWEEP = "sweep"
-_EVERYTHING = "*"
 
-# inotify(7): the events that can mean a file's bytes, or the file itself, changed.
-_IN_MODIFY = 0x2
-_IN_ATTRIB = 0x4
-_IN_CLOSE_WRITE = 0x8
-_IN_MOVED_FROM = 0x40
-_IN_MOVED_TO = 0x80
-_IN_CREATE = 0x100
-_IN_DELETE = 0x200
-_IN_DELETE_SELF = 0x400
-_IN_MOVE_SELF = 0x800
-_IN_Q_OVERFLOW = 0x4000
-_WATCHED = (
-    _IN_MODIFY
-    | _IN_ATTRIB
-    | _IN_CLOSE_WRITE
-    | _IN_MOVED_FROM
-    | _IN_MOVED_TO
-    | _IN_CREATE
-    | _IN_DELETE
-    | _IN_DELETE_SELF
-    | _IN_MOVE_SELF
-)
-_EVENT = struct.Struct("iIII")
 # What the watcher needs of notify-keyspace-events: keyspace channels (K) for lists (l),
 # strings ($) and generic commands (g: DEL, RENAME, EXPIRE...). `A` stands for all classes.
 _NOTIFY_NEEDED = frozenset("Kl$g")
@@ -125,45 +91,6 @@ class Detection:
 
 class WatchError(Exception):
     """The watcher cannot start (the log's directory or its Redis cannot be read)."""
-
-
-class _Inotify:
-    """Change events of one directory from the kernel's inotify, through libc (Linux)."""
-
-    def __init__(self, directory: Path) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self.fd = int(libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC))
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
-        if int(libc.inotify_add_watch(self.fd, os.fsencode(directory), _WATCHED)) < 0:
-            errno = ctypes.get_errno()
-            os.close(self.fd)
-            raise OSError(errno, f"inotify_add_watch {directory} failed")
-
-    def read(self, timeout: float) -> list[str]:
-        """The names of the files that changed (`*`: events were lost), waiting up to
-        `timeout` seconds for the first."""
-        ready, _, _ = select.select([self.fd], [], [], timeout)
-        if not ready:
-            return []
-        try:
-            data = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return []
-        names, at = [], 0
-        while at + _EVENT.size <= len(data):
-            _, mask, _, length = _EVENT.unpack_from(data, at)
-            raw = data[at + _EVENT.size : at + _EVENT.size + length]
-            at += _EVENT.size + length
-            if mask & (_IN_Q_OVERFLOW | _IN_DELETE_SELF | _IN_MOVE_SELF):
-                names.append(_EVERYTHING)
-            elif length:
-                names.append(os.fsdecode(raw.rstrip(b"\0")))
-        return names
-
-    def close(self) -> None:
-        """Stop watching."""
-        os.close(self.fd)
 
 
 def _signature(path: Path) -> tuple[int, int, int, int] | None:
@@ -204,7 +131,7 @@ class _Round:
     def add(self, kind: str, what: str) -> None:
         if not self.first:
             self.first = f"{what} ({kind})"
-        if what == _EVERYTHING:
+        if what == EVERYTHING:
             self.everything = True
         elif kind == _REDIS:
             self.redis = True
@@ -263,10 +190,10 @@ class PromptLogWatcher:
             raise WatchError(f"{self.log.directory} is not a directory")
         # Events are listened to before anything is read: a change made while the baseline
         # runs waits in the queue, checked once the watch starts.
-        inotify: _Inotify | None = None
+        inotify: Inotify | None = None
         if self.use_inotify:
             try:
-                inotify = _Inotify(self.log.directory)
+                inotify = Inotify(self.log.directory)
                 self.inotify = True
             except (OSError, AttributeError) as exc:
                 log.warning("no inotify (%s): the log's files are polled", exc)
@@ -320,7 +247,7 @@ class PromptLogWatcher:
 
     # event sources --------------------------------------------------------------------------
 
-    def _file_loop(self, inotify: _Inotify) -> None:
+    def _file_loop(self, inotify: Inotify) -> None:
         try:
             while not self._stop.is_set():
                 for name in inotify.read(0.2):
@@ -354,7 +281,7 @@ class PromptLogWatcher:
                 with contextlib.suppress(redis.RedisError, OSError):
                     pubsub = self._subscribe()
                 # Whatever happened while disconnected: everything is checked again.
-                self._events.put((_REDIS, _EVERYTHING))
+                self._events.put((_REDIS, EVERYTHING))
         with contextlib.suppress(redis.RedisError, OSError):
             pubsub.close()
 
@@ -385,7 +312,7 @@ class PromptLogWatcher:
             except (redis.RedisError, OSError, PromptLogError) as exc:
                 # Not tampering: the log cannot be read right now. Everything is checked again.
                 log.error("prompt log watch: check failed: %s", exc)
-                self._events.put(("file", _EVERYTHING))
+                self._events.put(("file", EVERYTHING))
                 self._stop.wait(1.0)
 
     def check(self, round_: _Round, trigger: str) -> None:

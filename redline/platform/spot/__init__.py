@@ -22,10 +22,10 @@ Modules: `errors`; `state` (node states, transitions, the node record, the notic
 (the gateway's request ledger in Redis); `sources` (notice sources, metadata formats); `store`
 (node records in Redis); `admin` (the gateways' `/admin/spot` API, and `AdminAuth`, the bearer-token
 check of the gateway's and the agent's admin endpoints); `readiness` (the replacement's readiness
-gate); `flow` (`SpotDrainFlow`: drain, wait drained, recover); `kubernetes` (taint the node,
-serving pods not ready through a readiness gate); `replacement` (ask for a replacement at notice
-time: scale a Deployment, or a cloud hook); `cluster` (`ClusterActions`: both, off the drain's
-path).
+gate); `flow` (`SpotDrainFlow`: drain, wait drained, recover); `kubernetes_settings` (the
+agent's `kubernetes:` block); `kubernetes` (taint the node, serving pods not ready through a
+readiness gate); `replacement` (ask for a replacement at notice time: scale a Deployment, or a
+cloud hook); `cluster` (`ClusterActions`: both, off the drain's path).
 """
 
 from __future__ import annotations
@@ -41,18 +41,24 @@ from redline.platform.spot.drain import (
     build_triage,
     scale_spot,
 )
-from redline.platform.spot.errors import SpotAgentError, SpotError, SpotStateError
+from redline.platform.spot.errors import (
+    KubernetesConflictError,
+    KubernetesError,
+    SpotAgentError,
+    SpotError,
+    SpotStateError,
+)
 from redline.platform.spot.flow import SpotDrainFlow
 from redline.platform.spot.kubernetes import (
-    DEFAULT_CONDITION_TYPE,
-    DEFAULT_TAINT_KEY,
     RBAC_RULES,
     SCALE_RBAC_RULES,
     KubernetesClient,
-    KubernetesConflictError,
-    KubernetesError,
-    KubernetesSettings,
     NodeActions,
+)
+from redline.platform.spot.kubernetes_settings import (
+    DEFAULT_CONDITION_TYPE,
+    DEFAULT_TAINT_KEY,
+    KubernetesSettings,
 )
 from redline.platform.spot.ledger import (
     CLAIM_NOT_FOUND,

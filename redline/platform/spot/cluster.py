@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redline.platform.spot.kubernetes import KubernetesError, NodeActions
+from redline.platform.spot.errors import KubernetesError
+from redline.platform.spot.kubernetes import NodeActions
 from redline.platform.spot.replacement import ReplacementRunner, build_replacement_request
 from redline.platform.spot.state import NodeRecord, Notice
 

@@ -16,4 +16,18 @@ class SpotAgentError(SpotError):
     reach)."""
 
 
-__all__ = ["SpotAgentError", "SpotError", "SpotStateError"]
+class KubernetesError(SpotAgentError):
+    """A Kubernetes API call failed; the message names the object, and for 401/403 what to fix."""
+
+
+class KubernetesConflictError(KubernetesError):
+    """409: the object changed between the read and the write (`resourceVersion`)."""
+
+
+__all__ = [
+    "KubernetesConflictError",
+    "KubernetesError",
+    "SpotAgentError",
+    "SpotError",
+    "SpotStateError",
+]

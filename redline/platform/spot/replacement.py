@@ -30,14 +30,9 @@ import httpx
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from redline.platform.spot.errors import SpotAgentError
-from redline.platform.spot.kubernetes import (
-    CONFLICT_RETRIES,
-    KubernetesClient,
-    KubernetesConflictError,
-    KubernetesError,
-    KubernetesSettings,
-)
+from redline.platform.spot.errors import KubernetesConflictError, KubernetesError, SpotAgentError
+from redline.platform.spot.kubernetes import CONFLICT_RETRIES, KubernetesClient
+from redline.platform.spot.kubernetes_settings import KubernetesSettings
 from redline.platform.spot.state import Notice
 
 log = logging.getLogger(__name__)

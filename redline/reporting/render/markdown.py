@@ -39,8 +39,26 @@ def remediation_lines(report: Report) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     """The whole report as Markdown."""
+    sections = [
+        _overview(report),
+        *([_notes(report)] if report.notes else []),
+        _slos(report),
+        _red_lines(report),
+        _rpos(report),
+        _drift(report),
+        _incidents(report),
+        _remediation(report),
+        _calendar(report),
+        _deltas(report),
+        _maturity(report),
+    ]
+    # Sections are separated, and the report ended, by one blank line.
+    return "\n".join(line for section in sections for line in [*section, ""])
+
+
+def _overview(report: Report) -> list[str]:
     s = report.summary
-    out = [
+    return [
         f"# SLO report: {report.service}",
         "",
         f"**Period** {f.when(report.period.start)} to {f.when(report.period.end)} "
@@ -53,12 +71,15 @@ def render_markdown(report: Report) -> str:
         f"{s.red_lines_breached} red line(s) crossed, {s.incidents} incident(s) "
         f"(previous period: {f.number(s.previous_incidents)}), "
         f"{f.number(s.remediation_runs)} remediation run(s){f.runs_detail(s)}.",
-        "",
     ]
-    if report.notes:
-        out += ["## Notes", ""] + [f"- {note}" for note in report.notes] + [""]
-    out += ["## SLOs", ""]
-    out += table(
+
+
+def _notes(report: Report) -> list[str]:
+    return ["## Notes", ""] + [f"- {note}" for note in report.notes]
+
+
+def _slos(report: Report) -> list[str]:
+    return ["## SLOs", ""] + table(
         [
             "SLO",
             "objective",
@@ -90,9 +111,10 @@ def render_markdown(report: Report) -> str:
             for slo in report.slos
         ],
     )
-    out += [""]
-    out += ["## Red lines", ""]
-    out += table(
+
+
+def _red_lines(report: Report) -> list[str]:
+    return ["## Red lines", ""] + table(
         [
             "red line",
             "objective",
@@ -119,8 +141,10 @@ def render_markdown(report: Report) -> str:
             for sig in report.red_lines
         ],
     )
-    out += ["", "## Recovery-point objectives", ""]
-    out += table(
+
+
+def _rpos(report: Report) -> list[str]:
+    return ["## Recovery-point objectives", ""] + table(
         ["target", "objective", "status", "max", "p99", "time over", "incidents"],
         [
             [
@@ -135,8 +159,10 @@ def render_markdown(report: Report) -> str:
             for sig in report.rpos
         ],
     )
-    out += ["", "## Embedding drift", ""]
-    out += table(
+
+
+def _drift(report: Report) -> list[str]:
+    return ["## Embedding drift", ""] + table(
         ["collection/method", "threshold", "status", "peak", "peak hour", "time over"],
         [
             [
@@ -150,26 +176,29 @@ def render_markdown(report: Report) -> str:
             for sig in report.drift
         ],
     )
-    out += ["", "## Incidents", ""]
-    if report.incidents:
-        out += table(
-            ["start", "end", "duration", "alert", "severity", "labels"],
+
+
+def _incidents(report: Report) -> list[str]:
+    if not report.incidents:
+        return ["## Incidents", "", "No alert fired in the period."]
+    return ["## Incidents", ""] + table(
+        ["start", "end", "duration", "alert", "severity", "labels"],
+        [
             [
-                [
-                    f.when(i.start) + (" (before period)" if i.started_before_period else ""),
-                    "ongoing" if i.ongoing else f.when(i.end),
-                    f.duration(i.duration_seconds),
-                    i.alert,
-                    i.severity,
-                    ", ".join(f"{k}={v}" for k, v in i.labels.items()),
-                ]
-                for i in report.incidents
-            ],
-        )
-    else:
-        out += ["No alert fired in the period."]
-    out += ["", "## Remediation", ""]
-    out += remediation_lines(report)
+                f.when(i.start) + (" (before period)" if i.started_before_period else ""),
+                "ongoing" if i.ongoing else f.when(i.end),
+                f.duration(i.duration_seconds),
+                i.alert,
+                i.severity,
+                ", ".join(f"{k}={v}" for k, v in i.labels.items()),
+            ]
+            for i in report.incidents
+        ],
+    )
+
+
+def _remediation(report: Report) -> list[str]:
+    out = ["## Remediation", ""] + remediation_lines(report)
     out += ["", "Runs per playbook and outcome:", ""]
     if report.remediation:
         out += table(
@@ -196,10 +225,13 @@ def render_markdown(report: Report) -> str:
                 for j in report.remediation_jobs
             ],
         )
-    out += ["", "## Calendar (attainment per UTC day)", ""]
+    return out
+
+
+def _calendar(report: Report) -> list[str]:
     slo_names = [slo.name for slo in report.slos]
     line_keys = [sig.key for sig in report.red_lines]
-    out += table(
+    rows = table(
         ["day", *slo_names, "red-line time over", "incidents"],
         [
             [
@@ -214,8 +246,17 @@ def render_markdown(report: Report) -> str:
             for d in report.calendar
         ],
     )
-    out += ["", "`!` marks a day below the objective.", "", "## Against the previous period", ""]
-    out += table(
+    return [
+        "## Calendar (attainment per UTC day)",
+        "",
+        *rows,
+        "",
+        "`!` marks a day below the objective.",
+    ]
+
+
+def _deltas(report: Report) -> list[str]:
+    return ["## Against the previous period", ""] + table(
         ["subject", "metric", "this period", "previous", "change"],
         [
             [
@@ -228,9 +269,11 @@ def render_markdown(report: Report) -> str:
             for d in report.deltas
         ],
     )
+
+
+def _maturity(report: Report) -> list[str]:
     m = report.maturity
-    out += [
-        "",
+    out = [
         "## Disaster-recovery maturity",
         "",
         f"**Level {m.level}: {m.level_name}.**"
@@ -243,5 +286,4 @@ def render_markdown(report: Report) -> str:
         ["level", "requirement", "status", "evidence"],
         [[str(c.level), c.requirement, c.status.replace("_", " "), c.evidence] for c in m.checks],
     )
-    out += [""]
-    return "\n".join(out)
+    return out

@@ -86,59 +86,12 @@ def _signal_row(s: SignalReport) -> list[CellValue]:
 def render_csv_tables(report: Report) -> dict[str, str]:
     """File name -> CSV text of each table of the report."""
     signals = [*report.red_lines, *report.rpos, *report.drift]
-    calendar: list[list[CellValue]] = []
-    for d in report.calendar:
-        for name, value in d.slo_attainment.items():
-            calendar.append([d.day, "slo", name, value, d.slo_status[name], None, None])
-        for key, seconds in d.red_line_seconds_over.items():
-            calendar.append([d.day, "red_line", key, None, None, seconds, None])
-        calendar.append([d.day, "incidents", "", None, None, None, d.incidents])
     tables = {
-        "slos.csv": _csv(
-            SLO_COLUMNS,
-            [
-                [
-                    s.name,
-                    s.objective,
-                    s.status,
-                    s.events,
-                    s.bad_events,
-                    s.attainment,
-                    s.budget_allowed_bad,
-                    s.budget_consumed,
-                    s.budget_remaining,
-                    s.burn_rate_peak,
-                    s.burn_rate_peak_at,
-                    s.burn_rate_current,
-                    s.worst_hour,
-                    s.worst_hour_error_ratio,
-                    s.hours_with_data,
-                    s.hours,
-                    s.previous_attainment,
-                    s.previous_budget_consumed,
-                ]  # fmt: skip
-                for s in report.slos
-            ],
-        ),
+        "slos.csv": _csv(SLO_COLUMNS, _slo_rows(report)),
         "red_lines.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.red_lines]),
         "rpos.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.rpos]),
         "drift.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.drift]),
-        "incidents.csv": _csv(
-            INCIDENT_COLUMNS,
-            [
-                [
-                    i.start,
-                    i.end,
-                    i.duration_seconds,
-                    i.alert,
-                    i.severity,
-                    ";".join(f"{k}={v}" for k, v in i.labels.items()),
-                    i.ongoing,
-                    i.started_before_period,
-                ]  # fmt: skip
-                for i in report.incidents
-            ],
-        ),
+        "incidents.csv": _csv(INCIDENT_COLUMNS, _incident_rows(report)),
         "remediation.csv": _csv(
             REMEDIATION_COLUMNS,
             [
@@ -146,39 +99,9 @@ def render_csv_tables(report: Report) -> dict[str, str]:
                 for r in report.remediation
             ],
         ),
-        "remediation_actions.csv": _csv(
-            ACTION_COLUMNS,
-            [
-                [
-                    a.at,
-                    a.playbook,
-                    a.outcome,
-                    a.kind,
-                    a.runs,
-                    a.alert,
-                    ";".join(f"{k}={v}" for k, v in a.target.items()),
-                    a.text,
-                ]  # fmt: skip
-                for a in report.remediation_actions
-            ],
-        ),
-        "remediation_guards.csv": _csv(
-            GUARD_COLUMNS,
-            [
-                [
-                    g.playbook,
-                    ";".join(g.modes),
-                    g.mode_at_end,
-                    g.paused_during,
-                    g.paused_at_end,
-                    g.breaker_open_during,
-                    g.breaker_open_at_end,
-                    g.text,
-                ]  # fmt: skip
-                for g in report.remediation_guards
-            ],
-        ),
-        "calendar.csv": _csv(CALENDAR_COLUMNS, calendar),
+        "remediation_actions.csv": _csv(ACTION_COLUMNS, _action_rows(report)),
+        "remediation_guards.csv": _csv(GUARD_COLUMNS, _guard_rows(report)),
+        "calendar.csv": _csv(CALENDAR_COLUMNS, _calendar_rows(report)),
         "deltas.csv": _csv(
             DELTA_COLUMNS,
             [[d.subject, d.metric, d.unit, d.current, d.previous, d.change] for d in report.deltas],
@@ -209,6 +132,91 @@ def render_csv_tables(report: Report) -> dict[str, str]:
             ],
         )
     return tables
+
+
+def _slo_rows(report: Report) -> list[list[CellValue]]:
+    return [
+        [
+            s.name,
+            s.objective,
+            s.status,
+            s.events,
+            s.bad_events,
+            s.attainment,
+            s.budget_allowed_bad,
+            s.budget_consumed,
+            s.budget_remaining,
+            s.burn_rate_peak,
+            s.burn_rate_peak_at,
+            s.burn_rate_current,
+            s.worst_hour,
+            s.worst_hour_error_ratio,
+            s.hours_with_data,
+            s.hours,
+            s.previous_attainment,
+            s.previous_budget_consumed,
+        ]  # fmt: skip
+        for s in report.slos
+    ]
+
+
+def _incident_rows(report: Report) -> list[list[CellValue]]:
+    return [
+        [
+            i.start,
+            i.end,
+            i.duration_seconds,
+            i.alert,
+            i.severity,
+            ";".join(f"{k}={v}" for k, v in i.labels.items()),
+            i.ongoing,
+            i.started_before_period,
+        ]  # fmt: skip
+        for i in report.incidents
+    ]
+
+
+def _action_rows(report: Report) -> list[list[CellValue]]:
+    return [
+        [
+            a.at,
+            a.playbook,
+            a.outcome,
+            a.kind,
+            a.runs,
+            a.alert,
+            ";".join(f"{k}={v}" for k, v in a.target.items()),
+            a.text,
+        ]  # fmt: skip
+        for a in report.remediation_actions
+    ]
+
+
+def _guard_rows(report: Report) -> list[list[CellValue]]:
+    return [
+        [
+            g.playbook,
+            ";".join(g.modes),
+            g.mode_at_end,
+            g.paused_during,
+            g.paused_at_end,
+            g.breaker_open_during,
+            g.breaker_open_at_end,
+            g.text,
+        ]  # fmt: skip
+        for g in report.remediation_guards
+    ]
+
+
+def _calendar_rows(report: Report) -> list[list[CellValue]]:
+    rows: list[list[CellValue]] = []
+    for d in report.calendar:
+        for name, value in d.slo_attainment.items():
+            rows.append([d.day, "slo", name, value, d.slo_status[name], None, None])
+        for key, seconds in d.red_line_seconds_over.items():
+            rows.append([d.day, "red_line", key, None, None, seconds, None])
+        rows.append([d.day, "incidents", "", None, None, None, d.incidents])
+    return rows
 
 
 def render_json(report: Report) -> str:

@@ -14,12 +14,9 @@ import httpx
 import pytest
 
 from redline.core.servers import ServerThread, serve_in_thread
-from redline.devstack.fakes.simulator import (
-    LatencyDistribution,
-    SimulatorSettings,
-    adapter_version,
-    build_simulator_app,
-)
+from redline.devstack.fakes.faults import LatencyDistribution
+from redline.devstack.fakes.lora import adapter_version
+from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.platform.golden import GOLDEN_SET, MODEL_VERSION_HEADER, grade
 
 pytestmark = pytest.mark.integration

@@ -17,12 +17,8 @@ import redis
 
 from redline.core.servers import ServerThread, serve_in_thread
 from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
-from redline.exporters.mutation import (
-    DEFAULT_CANARIES,
-    AcceptedStore,
-    MutationProbe,
-    MutationProbeError,
-)
+from redline.exporters.canary_file import DEFAULT_CANARIES
+from redline.exporters.mutation import AcceptedStore, MutationProbe, MutationProbeError
 from redline.exporters.probe import ProbeCache, Sample
 from redline.platform.golden import find_golden
 from redline.platform.sessions import open_redis

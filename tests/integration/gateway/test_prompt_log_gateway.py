@@ -16,7 +16,8 @@ from fastapi.responses import StreamingResponse
 
 from redline.core.servers import ServerThread, serve_in_thread
 from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
-from redline.platform.promptlog import SESSION_HEADER, PromptLog, Trace
+from redline.gateway.promptcapture import SESSION_HEADER
+from redline.platform.promptlog import PromptLog, Trace
 from tests.support.gateway import RunningGateway, gateway_starter
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from redline.platform.promptlog import BatchEntry, PromptLog, PromptRecord
-from redline.platform.promptwatch import Detection, PromptLogWatcher
+from redline.platform.promptlog.watch import Detection, PromptLogWatcher
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,12 @@ import redis
 from typer.testing import CliRunner
 
 from redline.cli import app
+from redline.platform.session_replica import ReplicaConsumer
 from redline.platform.sessions import (
     DEFAULT_GROUP,
     DEFAULT_STREAM,
     DEFAULT_WRITTEN_KEY,
     CdcTargetError,
-    ReplicaConsumer,
     SessionWriter,
     measure_cdc_rpo,
     open_redis,

@@ -13,8 +13,9 @@ import redis
 import redis.asyncio as aredis
 
 from redline.remediation.audit import AsyncAuditLog, AuditLog
-from redline.remediation.jobs import AsyncJobStore, IngestOutcome
+from redline.remediation.jobs import IngestOutcome
 from redline.remediation.models import WebhookPayload
+from redline.remediation.receiver_store import AsyncJobStore
 from redline.remediation.settings import RemediationSettings
 from tests.support.remediation import alert, make_settings, payload, post, receiver, store_for
 

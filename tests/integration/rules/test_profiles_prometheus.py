@@ -34,9 +34,8 @@ from prometheus_client import CollectorRegistry
 from redline.devstack.fakes.engines import (
     ENGINE_PROFILES,
     EngineMetrics,
-    EngineMetricsServer,
-    RegistryExposition,
 )
+from redline.devstack.fakes.metrics_server import EngineMetricsServer, RegistryExposition
 from redline.devstack.processes import start_prometheus
 from redline.exporters.evaluations import EvalTally
 from redline.exporters.models import ModelVersionsProbe

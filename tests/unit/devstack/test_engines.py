@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from redline.devstack.fakes.engines import (
     ENGINE_PROFILES,
     EngineMetrics,
-    EngineMetricsServer,
     EngineProfileError,
 )
+from redline.devstack.fakes.metrics_server import EngineMetricsServer
 from redline.slo.sources import PROFILES, SIGNAL_KINDS
 
 Labels = dict[str, str]

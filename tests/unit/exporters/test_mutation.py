@@ -11,21 +11,20 @@ from typing import Any
 
 import pytest
 
-from redline.exporters.mutation import (
+from redline.exporters.canary_file import (
     DEFAULT_CANARIES,
-    AcceptedStore,
     CanaryFileError,
-    MutationSettings,
+    load_canaries,
+    parse_canaries,
+)
+from redline.exporters.mutation import AcceptedStore, MutationSettings, build_mutation_probes, judge
+from redline.exporters.mutation_diff import (
     Normaliser,
-    build_mutation_probes,
     compare,
     edit_distance,
-    judge,
-    load_canaries,
     mutation_score,
     myers_diff,
     normalise,
-    parse_canaries,
     render_diff,
 )
 from redline.platform.golden import GOLDEN_SET, find_golden

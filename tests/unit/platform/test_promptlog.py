@@ -7,13 +7,13 @@ import json
 
 import pytest
 
+from redline.gateway.promptcapture import answer_text, prompt_text, session_of, streamed_text
 from redline.platform.promptlog import (
     GENESIS,
     BatchEntry,
     Head,
     PromptLogError,
     PromptRecord,
-    answer_text,
     build_batch,
     build_levels,
     build_record,
@@ -26,12 +26,9 @@ from redline.platform.promptlog import (
     leaf_hash,
     node_hash,
     parse_record,
-    prompt_text,
     record_content_hash,
     record_line,
-    session_of,
     split_levels,
-    streamed_text,
     verify_proof,
 )
 from redline.platform.redaction import build_redactor

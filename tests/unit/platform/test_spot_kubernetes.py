@@ -12,12 +12,10 @@ import httpx
 import pytest
 
 from redline.platform.spot import kubernetes as k8s
+from redline.platform.spot.errors import KubernetesConflictError, KubernetesError
 from redline.platform.spot.kubernetes import (
     Access,
     KubernetesClient,
-    KubernetesConflictError,
-    KubernetesError,
-    KubernetesSettings,
     NodeActions,
     build_api_error,
     build_condition_patch,
@@ -27,6 +25,7 @@ from redline.platform.spot.kubernetes import (
     pod_condition,
     pod_has_gate,
 )
+from redline.platform.spot.kubernetes_settings import KubernetesSettings
 from tests.support.kubeapi import (
     FakeKubernetes,
     app_client,

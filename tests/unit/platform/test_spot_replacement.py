@@ -15,14 +15,9 @@ import pytest
 from pydantic import ValidationError
 
 from redline.platform.spot import ClusterActions, NodeRecord, Notice
-from redline.platform.spot.kubernetes import (
-    CONFLICT_RETRIES,
-    KubernetesClient,
-    KubernetesConflictError,
-    KubernetesError,
-    KubernetesSettings,
-    NodeActions,
-)
+from redline.platform.spot.errors import KubernetesConflictError, KubernetesError
+from redline.platform.spot.kubernetes import CONFLICT_RETRIES, KubernetesClient, NodeActions
+from redline.platform.spot.kubernetes_settings import KubernetesSettings
 from redline.platform.spot.replacement import (
     IDEMPOTENCY_HEADER,
     KubernetesScaleUp,

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from redline.reporting.fetch import remediation_events_query, remediation_guards_query
+from redline.reporting.queries import remediation_events_query, remediation_guards_query
 from redline.reporting.render.html import render_html
 from redline.reporting.render.markdown import render_markdown
 from redline.reporting.render.tables import render_csv_tables, render_json, render_schema

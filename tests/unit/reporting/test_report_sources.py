@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from redline.devstack.samples.dashboards import profile_spec
-from redline.reporting.fetch import (
+from redline.reporting.queries import (
     latency_exprs,
     slo_hourly_query,
     slo_total_expr,
