@@ -24,6 +24,8 @@ from typing import Literal
 
 import httpx
 
+from redline.devstack.tether import OWNER_ENV, record_spawned
+
 APT_PACKAGES = {
     "redis-server": "redis-server",
     "prometheus": "prometheus",
@@ -192,7 +194,10 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
         )
     finally:
         os.close(fd)
-    return Process(pid, start_ticks(pid), tuple(argv), log_path)
+    process = Process(pid, start_ticks(pid), tuple(argv), log_path)
+    chain = (os.environ if env is None else env).get(OWNER_ENV)
+    record_spawned(pid, process.start_ticks, chain)
+    return process
 
 
 def wait_until(

@@ -9,6 +9,12 @@ detached or not) and starts a *reaper*, a small detached process that watches th
 any owner in it is gone, the reaper stops every process whose environment carries that chain
 (SIGTERM to its group, SIGKILL after a grace period) and exits.
 
+Some programs overwrite their environment in memory to set their process title (redis-server
+does), so the environment cannot be the only mark: `processes.spawn`, the devstack's one spawner,
+also records each process it starts under its chain in a small registry file
+(`record_spawned`), and the reaper stops the recorded processes too (by pid and start time, so a
+reused pid is never signalled).
+
 `reap_orphans()` does the same sweep at start-up for chains whose reaper itself was killed (a
 `kill -9` of a whole tree): stale runs are cleaned up by the next run.
 """
@@ -16,9 +22,12 @@ any owner in it is gone, the reaper stops every process whose environment carrie
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -90,16 +99,64 @@ def _environ_value(pid: int) -> str | None:
     return None
 
 
+def registry_dir() -> Path:
+    """Where the spawned processes of every chain are recorded (one file per chain)."""
+    return Path(tempfile.gettempdir()) / f"redline-tether-{os.getuid()}"
+
+
+def _registry_file(chain: str) -> Path:
+    return registry_dir() / f"{hashlib.sha256(chain.encode()).hexdigest()[:24]}.pids"
+
+
+def record_spawned(pid: int, start_ticks: int | None, chain: str | None) -> None:
+    """Record a process `spawn` started under `chain` (nothing when there is no owner)."""
+    if not chain or start_ticks is None:
+        return
+    path = _registry_file(chain)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        if handle.tell() == 0:
+            handle.write(f"# {chain}\n")
+        handle.write(f"{pid} {start_ticks}\n")
+
+
+def _recorded() -> Iterator[tuple[Path, str, list[tuple[int, int]]]]:
+    """Every registry file: its path, its chain and the (pid, start ticks) it lists."""
+    directory = registry_dir()
+    if not directory.is_dir():
+        return
+    for path in sorted(directory.glob("*.pids")):
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            continue
+        if not lines or not lines[0].startswith("# "):
+            continue
+        entries = []
+        for line in lines[1:]:
+            pid, _, ticks = line.partition(" ")
+            if pid.isdigit() and ticks.isdigit():
+                entries.append((int(pid), int(ticks)))
+        yield path, lines[0][2:], entries
+
+
 def tethered() -> Iterator[tuple[int, str]]:
-    """Every live process that carries an owner chain, with the chain."""
+    """Every live process that carries an owner chain, by its environment or the registry."""
     me = os.getpid()
+    seen: set[int] = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         pid = int(entry.name)
         value = _environ_value(pid)
         if value and _start_ticks(pid) is not None:
+            seen.add(pid)
             yield pid, value
+    for _, chain, entries in _recorded():
+        for pid, ticks in entries:
+            if pid not in seen and pid != me and _start_ticks(pid) == ticks:
+                seen.add(pid)
+                yield pid, chain
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -126,13 +183,18 @@ def stop_tethered(chain: str, grace: float = GRACE_SECONDS) -> list[int]:
         time.sleep(0.1)
     for pid in members():
         _signal(pid, signal.SIGKILL)
+    for path, recorded, _ in list(_recorded()):
+        if recorded == chain or recorded.startswith(chain + ","):
+            with contextlib.suppress(OSError):
+                path.unlink()
     return pids
 
 
 def reap_orphans() -> list[int]:
     """Stop the processes of every chain with a dead owner (their reaper was killed too)."""
     stopped: list[int] = []
-    dead = {value for _, value in tethered() if not all(o.alive() for o in parse_chain(value))}
+    chains = {value for _, value in tethered()} | {chain for _, chain, _ in _recorded()}
+    dead = {chain for chain in chains if not all(o.alive() for o in parse_chain(chain))}
     for chain in sorted(dead, key=len):
         stopped += stop_tethered(chain)
     return stopped
@@ -208,6 +270,8 @@ __all__ = [
     "claim_ownership",
     "parse_chain",
     "reap_orphans",
+    "record_spawned",
+    "registry_dir",
     "render_chain",
     "stop_tethered",
     "tethered",
