@@ -75,17 +75,25 @@ class SourceSeries:
 
     `names` are added together (e.g. NIM's successes + failures for all requests); for a
     histogram signal each name is a histogram's base name (`_bucket`/`_count`/`_sum` appended).
-    `matchers` are PromQL label matchers applied to every name (`status="5xx"`).
+    `matchers` are PromQL label matchers applied to every name (`status="5xx"`), `name_matchers`
+    to one name only.
     `note` says why this series stands in where the engine has no exact equivalent.
     """
 
     names: tuple[str, ...]
     matchers: tuple[str, ...] = ()
     note: str = ""
+    name_matchers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Matchers of one of the names only, beside the shared `matchers` (vLLM's errors: the
+    requests that finished with an error, plus every admission rejection)."""
+
+    def matchers_of(self, name: str) -> tuple[str, ...]:
+        """The matchers applied to `name`: the shared ones, then its own."""
+        return (*self.matchers, *self.name_matchers.get(name, ()))
 
     def selector(self, name: str, suffix: str = "") -> str:
-        """`name` + `suffix` with the matchers, as PromQL."""
-        inner = ", ".join(self.matchers)
+        """`name` + `suffix` with its matchers, as PromQL."""
+        inner = ", ".join(self.matchers_of(name))
         return f"{name}{suffix}{{{inner}}}" if inner else f"{name}{suffix}"
 
 
