@@ -1,5 +1,5 @@
 """Guard rails of the worker: per-playbook mode, budget, breaker and human pause, and the start-up
-check of every enabled playbook's settings.
+check of every enabled playbook's settings and options.
 
 Policies come from the spec (`remediation.playbooks.<name>`: `mode`, `budget`, `breaker`,
 `deadline`), overridden per playbook by the receiver's `policies` setting (for playbooks the spec
@@ -25,11 +25,11 @@ import redis
 import redis.asyncio as aredis
 
 from redline.core.settings import SettingsError
+from redline.remediation.catalog import builtin_playbook_names
 from redline.remediation.jobs import StoreKeys, now_iso
 from redline.remediation.playbook import PlaybookRegistry
 from redline.slo.load import SpecError, apply_profile, load_spec
 from redline.slo.spec import (
-    PLAYBOOK_NAMES,
     PlaybookBudget,
     PlaybookPolicy,
     RedisDurability,
@@ -102,9 +102,9 @@ def load_durability(spec_path: Any) -> RedisDurability:
 
 
 def build_startup_problems(registry: PlaybookRegistry, policies: Policies) -> list[str]:
-    """Every settings problem of the registered playbooks that are not `off`, each naming the
-    playbook and the field."""
-    problems: list[str] = []
+    """Every settings problem of the registered playbooks that are not `off` (options that do not
+    validate included), each naming the playbook and the field, and the registry's own."""
+    problems: list[str] = list(registry.problems)
     for playbook in sorted(registry, key=lambda item: item.name):
         mode = policies.get(playbook.name).mode
         if mode == "off":
@@ -125,8 +125,9 @@ def check_startup(registry: PlaybookRegistry, policies: Policies) -> None:
 
 
 def known_playbooks(policies: Policies, extra: Iterable[str] = ()) -> tuple[str, ...]:
-    """The playbooks the guard gauges show: the spec's names, the policies' and `extra`."""
-    return tuple(sorted({*PLAYBOOK_NAMES, *policies.names(), *extra}))
+    """The playbooks the guard gauges show: the built-in ones, the policies' and `extra` (the
+    registry's names, when the CLI starts the receiver)."""
+    return tuple(sorted({*builtin_playbook_names(), *policies.names(), *extra}))
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,12 @@ DEFAULT_REGISTRY = "redline.remediation.catalog:build_registry"
 
 
 # ---------------------------------------------------------------------------------------------
-# Dependencies of the built-in playbooks (remediation/playbooks/), read by
-# `catalog.build_registry`. Every section may stay unset: a playbook whose dependencies are not
-# configured is still registered, and its jobs fail with a message naming the setting to set.
+# Dependencies of the built-in playbooks (remediation/playbooks/), read by their
+# `from_settings`. Every section may stay unset: a playbook whose dependencies are not configured
+# is still registered; the start-up check names the setting to set (its jobs would fail).
 
 _REGION = re.compile(r"^[a-z][a-z0-9-]*$")
+_CLASS_REFERENCE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
 class _Section(BaseModel):
@@ -195,10 +196,19 @@ class RemediationSettings(ServiceSettings):
     dry_run: bool = Field(False, description="Plan only: every job returns its plan, no change.")
     workers: int = Field(1, ge=0, description="Worker threads run beside the receiver.")
     playbooks: str = Field(
-        DEFAULT_REGISTRY, description="`module:function(settings)` returning the registry."
+        DEFAULT_REGISTRY,
+        description="`module:function(settings)` returning the registry (the default builds "
+        "every playbook class: built-in, `redline.playbooks` entry points, playbook_classes).",
+    )
+    playbook_classes: list[str] = Field(
+        default_factory=list,
+        description="More playbook classes, each `module:ClassName` (a `Playbook` subclass), "
+        "registered beside the built-in ones and the `redline.playbooks` entry points.",
     )
     playbook_options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Per-playbook options, keyed by playbook name."
+        default_factory=dict,
+        description="Per-playbook options, keyed by playbook name; each validated against the "
+        "playbook's `Options` at start-up.",
     )
     policies: dict[str, PlaybookPolicy] = Field(
         default_factory=dict,
@@ -244,6 +254,22 @@ class RemediationSettings(ServiceSettings):
     reroute: RerouteSettings = Field(
         default_factory=RerouteSettings, description="reroute settings."
     )
+
+    @property
+    def playbook_state_prefix(self) -> str:
+        """Prefix of the Redis keys the playbooks keep their own state under."""
+        return f"{self.key_prefix}:playbook"
+
+    @field_validator("playbook_classes")
+    @classmethod
+    def _class_references(cls, value: list[str]) -> list[str]:
+        for index, reference in enumerate(value):
+            if not _CLASS_REFERENCE.match(reference):
+                raise ValueError(
+                    f"item {index}, {reference!r}, is not of the form module:ClassName "
+                    "(e.g. mycompany.playbooks:RestartPods)"
+                )
+        return value
 
     def resolve_token(self) -> SecretStr:
         """The bearer token (file first, then env); SettingsError when neither is set."""

@@ -14,6 +14,7 @@ from typing import Any
 from redline.rules.families import (
     breakers,
     drift,
+    gpu,
     guards,
     mutation,
     quotas,
@@ -70,6 +71,7 @@ FAMILIES = (
     Family("spot", spot.build_rules, spot.build_tests),
     Family("breakers", breakers.build_rules, breakers.build_tests),
     Family("quotas", quotas.build_rules, quotas.build_tests),
+    Family("gpu", gpu.build_rules, gpu.build_tests),
     Family("remediation", remediation.build_rules, remediation.build_tests),
     Family("guards", guards.build_rules, guards.build_tests),
 )

@@ -160,6 +160,28 @@ class Alert(StrEnum):
         ("ticket",),
         "a tenant throttled for a sustained share",
     )
+    # --- GPU nodes ---------------------------------------------------------------------------
+    GPU_XID_CRITICAL = (
+        "GPUXidCritical",
+        ("critical",),
+        "a GPU's last XID is one NVIDIA resolves by resetting the GPU or the node: drain it now",
+        "gpu_node_failure",
+    )
+    GPU_XID_WATCH = (
+        "GPUXidWatch",
+        ("ticket",),
+        "a GPU reported another XID (mostly application faults): watch it",
+    )
+    GPU_NODE_UNHEALTHY = (
+        "GPUNodeUnhealthy",
+        ("page", "ticket"),
+        "a GPU node NotReady, or a GPU's memory, temperature or NVLink failing",
+    )
+    GPU_PODS_UNHEALTHY = (
+        "GPUPodsUnhealthy",
+        ("ticket",),
+        "pods on a GPU node restarting again and again, or stuck pending",
+    )
     # --- remediation -------------------------------------------------------------------------
     REMEDIATION_FAILED = ("RemediationFailed", ("page",), "a playbook run failed")
     REMEDIATION_STUCK = ("RemediationStuck", ("page",), "a playbook job overdue")

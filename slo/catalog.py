@@ -647,13 +647,227 @@ def by_name(name: str) -> Metric:
 
 
 def series_names() -> frozenset[str]:
-    """Every name a query may read: families, histogram parts and declared family names."""
+    """Every name a query may read: families, histogram parts and declared family names, and
+    the other exporters' series the rules read (`EXTERNAL_METRICS`)."""
     names: set[str] = set()
     for metric in METRICS:
         names.update({metric.name, metric.family})
         if metric.kind == "histogram":
             names.update({metric.bucket, metric.count, metric.sum})
+    names.update(metric.name for metric in EXTERNAL_METRICS)
     return frozenset(names)
+
+
+# --- series of other exporters the rules read -------------------------------------------------
+# redline emits none of these: they are the exporters' own names (dcgm-exporter's are DCGM
+# field names, upper case), so they stay out of `METRICS` and its naming rules; the rules and
+# tests still spell them only here.
+
+
+@dataclass(frozen=True)
+class ExternalMetric:
+    """A series another exporter publishes and the rules read, as that exporter documents it."""
+
+    name: str
+    kind: Kind
+    help: str
+    """The exporter's own help text."""
+    labels: tuple[str, ...]
+    exporter: str
+    source: str
+    """Where the name, type and labels are documented (repository, path and commit)."""
+    default: bool = True
+    """False when the exporter publishes it only once configured to (a commented CSV row)."""
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DCGM_EXPORTER = "dcgm-exporter"
+KUBE_STATE_METRICS = "kube-state-metrics"
+
+# dcgm-exporter writes every GPU series with these labels (pkg/dcgmexporter/render_metrics.go,
+# NVIDIA/dcgm-exporter@1b646e10ea4fa85e6a529915c1c466dd3a587a1e): `Hostname` is the node's name
+# (NODE_NAME, which the Helm chart sets from spec.nodeName: deployment/templates/daemonset.yaml
+# @9190a38a21ee390f187dae6f3e1418bd6c9da38e; else the host name: pkg/dcgmexporter/hostname.go
+# @132c7b6d467228cfdd794c3a8f981c8e2c527b45), and, in Kubernetes, `pod`, `namespace` and
+# `container` of the pod holding the GPU (pkg/dcgmexporter/kubernetes.go
+# @049c5970f3127987a3ae8e6ef9c53a570a306eff).
+DCGM_LABEL_GPU = "gpu"
+DCGM_LABEL_UUID = "UUID"
+DCGM_LABEL_DEVICE = "device"
+DCGM_LABEL_MODEL = "modelName"
+DCGM_LABEL_HOSTNAME = "Hostname"
+DCGM_LABELS = (
+    DCGM_LABEL_GPU,
+    DCGM_LABEL_UUID,
+    DCGM_LABEL_DEVICE,
+    DCGM_LABEL_MODEL,
+    DCGM_LABEL_HOSTNAME,
+    "pod",
+    "namespace",
+    "container",
+)
+_DCGM_CSV = "NVIDIA/dcgm-exporter etc/default-counters.csv@b54068a9feef589e07fc36c22642ad4bb61f6420"
+_DCGM_FIELDS = "NVIDIA/DCGM testing/python3/dcgm_fields.py@28bfbd4c97413d4aec249cdd9543a67d24f95b78"
+
+DCGM_FI_DEV_XID_ERRORS = ExternalMetric(
+    "DCGM_FI_DEV_XID_ERRORS",
+    "gauge",
+    "Value of the last XID error encountered.",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    _DCGM_CSV,
+)
+"""The LAST XID's number, not a count: it keeps that value until the GPU reports another one."""
+DCGM_FI_DEV_GPU_TEMP = ExternalMetric(
+    "DCGM_FI_DEV_GPU_TEMP",
+    "gauge",
+    "GPU temperature (in C).",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    _DCGM_CSV,
+)
+DCGM_FI_DEV_ROW_REMAP_FAILURE = ExternalMetric(
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "gauge",
+    "Whether remapping of rows has failed",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    _DCGM_CSV,
+)
+DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS = ExternalMetric(
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "counter",
+    "Number of remapped rows for uncorrectable errors",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    _DCGM_CSV,
+)
+DCGM_FI_DEV_ROW_REMAP_PENDING = ExternalMetric(
+    "DCGM_FI_DEV_ROW_REMAP_PENDING",
+    "gauge",
+    "Whether remapping of rows is pending",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    f"DCGM field 396, {_DCGM_FIELDS}; not a row of {_DCGM_CSV}",
+    default=False,
+)
+DCGM_FI_DEV_ECC_DBE_VOL_TOTAL = ExternalMetric(
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "counter",
+    "Total number of double-bit volatile ECC errors.",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    f"{_DCGM_CSV} (commented out)",
+    default=False,
+)
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = ExternalMetric(
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "counter",
+    "Total number of NVLink flow-control CRC errors.",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    f"{_DCGM_CSV} (commented out)",
+    default=False,
+)
+DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = ExternalMetric(
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "counter",
+    "Total number of NVLink data CRC errors.",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    f"{_DCGM_CSV} (commented out)",
+    default=False,
+)
+DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = ExternalMetric(
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "counter",
+    "Total number of NVLink retries.",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    f"{_DCGM_CSV} (commented out)",
+    default=False,
+)
+DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = ExternalMetric(
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "counter",
+    "Total number of NVLink recovery errors.",
+    DCGM_LABELS,
+    DCGM_EXPORTER,
+    f"{_DCGM_CSV} (commented out)",
+    default=False,
+)
+
+_KSM_NODE = (
+    "kubernetes/kube-state-metrics docs/metrics/cluster/node-metrics.md"
+    "@ca300481f1e10353a574b034fde4dc60115d56eb"
+)
+_KSM_POD = (
+    "kubernetes/kube-state-metrics docs/metrics/workload/pod-metrics.md"
+    "@96a6db87daf503d8a9492dbfc9746f45512e5099"
+)
+KUBE_NODE_STATUS_CONDITION = ExternalMetric(
+    "kube_node_status_condition",
+    "gauge",
+    "The condition of a cluster node.",
+    (LABEL_NODE, "condition", "status"),
+    KUBE_STATE_METRICS,
+    _KSM_NODE,
+)
+"""One series per condition and status (`true`, `false`, `unknown`), 1 for the current one."""
+KUBE_NODE_STATUS_CAPACITY = ExternalMetric(
+    "kube_node_status_capacity",
+    "gauge",
+    "The capacity for different resources of a node.",
+    (LABEL_NODE, "resource", "unit"),
+    KUBE_STATE_METRICS,
+    _KSM_NODE,
+)
+"""`resource` is the resource name with every character outside [a-zA-Z0-9_] made `_`
+(`nvidia.com/gpu` -> `nvidia_com_gpu`: internal/store/node.go, sanitizeLabelName,
+kubernetes/kube-state-metrics@fad488c1ccc39e6a84d584eb45a0fc0d426b308e)."""
+KUBE_POD_INFO = ExternalMetric(
+    "kube_pod_info",
+    "gauge",
+    "Information about pod.",
+    (
+        "namespace",
+        "pod",
+        "uid",
+        LABEL_NODE,
+        "host_ip",
+        "pod_ip",
+        "created_by_kind",
+        "created_by_name",
+        "priority_class",
+        "host_network",
+    ),
+    KUBE_STATE_METRICS,
+    _KSM_POD,
+)
+"""`node` is the pod's spec.nodeName: empty until the scheduler binds it."""
+KUBE_POD_STATUS_PHASE = ExternalMetric(
+    "kube_pod_status_phase",
+    "gauge",
+    "The pods current phase.",
+    ("namespace", "pod", "uid", "phase"),
+    KUBE_STATE_METRICS,
+    _KSM_POD,
+)
+KUBE_POD_CONTAINER_STATUS_RESTARTS_TOTAL = ExternalMetric(
+    "kube_pod_container_status_restarts_total",
+    "counter",
+    "The number of container restarts per container",
+    ("namespace", "pod", "uid", "container"),
+    KUBE_STATE_METRICS,
+    _KSM_POD,
+)
+
+EXTERNAL_METRICS: tuple[ExternalMetric, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, ExternalMetric)
+)
+"""Every other exporter's series the rules read, in the order above."""
 
 
 # --- recording rules (`level:metric:operations`) --------------------------------------------
@@ -739,6 +953,17 @@ def spot_notice_to_draining_record(window: str) -> str:
     return f"redline:{LLM_SPOT_NOTICE_TO_DRAINING_SECONDS}:p95_{window}"
 
 
+GPU_XID_LAST_RECORD = "redline:gpu_xid:last"
+"""dcgm-exporter's last XID per GPU (node, gpu, UUID, modelName), the node taken from the spec's
+`gpu.dcgm_node_label`: one series per GPU whatever pod holds it."""
+GPU_XID_DRAIN_RECORD = "redline:gpu_xid:drain"
+"""`GPU_XID_LAST_RECORD` where it is a drain-now XID (`gpu.drain_xids`); absent otherwise."""
+GPU_NODE_CAPACITY_RECORD = "redline:gpu_node:capacity"
+"""GPUs each node offers (kube-state-metrics' capacity of `gpu.resource`), by `node`."""
+GPU_NODE_POD_RECORD = "redline:gpu_node_pod:info"
+"""1 per pod bound to a node with GPU capacity, by (namespace, pod, node)."""
+
+
 def render_catalog_markdown() -> str:
     """The catalog as a Markdown table (series, type, labels, meaning) for docs/architecture.md."""
     lines = ["| series | type | labels | meaning |", "|---|---|---|---|"]
@@ -748,5 +973,25 @@ def render_catalog_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_external_markdown() -> str:
+    """The other exporters' series the rules read, as a Markdown table for docs/architecture.md."""
+    lines = [
+        "| series | exporter | type | labels | meaning | published by default |",
+        "|---|---|---|---|---|---|",
+    ]
+    for metric in EXTERNAL_METRICS:
+        labels = ", ".join(f"`{label}`" for label in metric.labels)
+        default = "yes" if metric.default else "no: enable it in the exporter"
+        lines.append(
+            f"| `{metric.name}` | {metric.exporter} | {metric.kind} | {labels} | {metric.help} | "
+            f"{default} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
-    print(render_catalog_markdown(), end="")
+    import sys
+
+    # `--external`: the other exporters' series (the second table of docs/architecture.md).
+    external = "--external" in sys.argv[1:]
+    print(render_external_markdown() if external else render_catalog_markdown(), end="")

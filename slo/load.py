@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from redline.slo.sources import SIGNAL_NAMES
-from redline.slo.spec import Severity, Spec, Timing, parse_duration
+from redline.slo.spec import KNOWN_PLAYBOOKS_CONTEXT, Severity, Spec, Timing, parse_duration
 
 DEFAULT_SPEC_NAME = "default.yaml"
 
@@ -89,8 +90,9 @@ def _problem(source: str, error: Any) -> str:
     return f"{source}: {where}: {message}"
 
 
-def parse_spec(text: str, source: str) -> LoadedSpec:
-    """Validate spec YAML text; raise SpecError naming the file and each bad field."""
+def parse_spec(text: str, source: str, playbooks: Collection[str] | None = None) -> LoadedSpec:
+    """Validate spec YAML text; raise SpecError naming the file and each bad field. With
+    `playbooks` (the registry's names), every playbook the spec names must be one of them."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -102,7 +104,8 @@ def parse_spec(text: str, source: str) -> LoadedSpec:
         kind = type(data).__name__ if data is not None else "an empty document"
         raise SpecError([f"{source}: (top level): expected a mapping of spec fields, got {kind}"])
     try:
-        spec = Spec.model_validate(data)
+        context = None if playbooks is None else {KNOWN_PLAYBOOKS_CONTEXT: frozenset(playbooks)}
+        spec = Spec.model_validate(data, context=context)
     except ValidationError as exc:
         problems = [_problem(source, err) for err in exc.errors()]
         raise SpecError(problems) from None
@@ -113,10 +116,13 @@ def parse_spec(text: str, source: str) -> LoadedSpec:
     return LoadedSpec(spec=spec, source=source, warnings=tuple(findings))
 
 
-def load_spec(path: str | Path | None = None) -> LoadedSpec:
-    """Read and validate a spec file; None loads the embedded default."""
+def load_spec(
+    path: str | Path | None = None, playbooks: Collection[str] | None = None
+) -> LoadedSpec:
+    """Read and validate a spec file; None loads the embedded default. `playbooks`: see
+    `parse_spec`."""
     if path is None:
-        return parse_spec(default_spec_text(), f"<embedded>/{DEFAULT_SPEC_NAME}")
+        return parse_spec(default_spec_text(), f"<embedded>/{DEFAULT_SPEC_NAME}", playbooks)
     file = Path(path)
     try:
         text = file.read_text("utf-8")
@@ -126,7 +132,7 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
         raise SpecError([f"{file}: (file): is a directory, expected a YAML file"]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError([f"{file}: (file): cannot read: {exc}"]) from None
-    return parse_spec(text, str(file))
+    return parse_spec(text, str(file), playbooks)
 
 
 def check_spec(spec: Spec) -> list[Finding]:

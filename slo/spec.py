@@ -6,6 +6,7 @@ import re
 from typing import Annotated, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -26,7 +27,10 @@ from redline.slo.sources import (
     resolve_sources,
 )
 
-PlaybookName = Literal[
+PLAYBOOK_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+"""What a playbook's name looks like (the registry enforces the same)."""
+
+PLAYBOOK_NAMES: tuple[str, ...] = (
     "semantic_rollback",
     "freeze_writes",
     "delta_log_replay",
@@ -34,10 +38,36 @@ PlaybookName = Literal[
     "reroute",
     "spot_drain",
     "rollback_candidate",
-]
-"""Every playbook the remediation receiver knows; a spec naming another one is rejected."""
+)
+"""The built-in playbooks' names. The playbook classes (`redline.remediation.catalog`) are the
+list; this copy exists for what must not import them: the pure layers (the remediation dashboard
+takes the shortest deadline over these, its sample data has series for each) and `redline
+validate` (the classes pull in pymilvus). `tests/unit/remediation/test_registry.py` proves it
+names exactly the built-in classes."""
 
-PLAYBOOK_NAMES: tuple[str, ...] = get_args(PlaybookName)
+KNOWN_PLAYBOOKS_CONTEXT = "playbooks"
+"""The validation-context key holding the playbooks a spec may name (`load_spec(playbooks=)`)."""
+
+
+def _known_playbook(value: str, info: ValidationInfo) -> str:
+    # The model layer cannot know the playbook classes (a deployment adds its own), so a name
+    # is checked only when the caller passes the registry's names: `redline validate` and the
+    # remediation start-up check do.
+    known = (info.context or {}).get(KNOWN_PLAYBOOKS_CONTEXT)
+    if known is not None and value not in known:
+        raise ValueError(
+            f"Input should be a known playbook, not {value!r}; known: "
+            + ", ".join(repr(name) for name in sorted(known))
+        )
+    return value
+
+
+PlaybookName = Annotated[
+    str,
+    Field(pattern=PLAYBOOK_NAME_PATTERN, description="A playbook's name (`Playbook.name`)."),
+    AfterValidator(_known_playbook),
+]
+"""A playbook's name: any well-formed name here; checked against the registry where it is known."""
 
 _DURATION = re.compile(r"^(\d+)(ms|s|m|h|d|w)$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -946,6 +976,141 @@ class Tracing(_Model):
         return value
 
 
+# -- GPU nodes: the exporters a GPU cluster already runs (rules/families/gpu.py) --------------
+
+NVIDIA_DRAIN_XIDS: tuple[int, ...] = (
+    # RESET_GPU
+    46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158, 162,
+    # RESTART_BM (reboot the machine) and RESTART_VM
+    79, 160, 151,
+    # hardware workflows: WORKFLOW_XID_48 (double-bit ECC), WORKFLOW_NVLINK_ERR (74) and
+    # WORKFLOW_NVLINK5_ERR (144-150)
+    48, 74, 144, 145, 146, 147, 148, 149, 150,
+    # GPU_RECOVERY_ACTION_CHANGED: redline's addition, see below
+    154,
+)  # fmt: skip
+"""XIDs whose GPU must be drained now: those NVIDIA's Xid catalog resolves by resetting the GPU
+(RESET_GPU), rebooting the machine or VM (RESTART_BM, RESTART_VM), or through a hardware
+workflow (48: double-bit ECC; 74, 144-150: NVLink), in its "Resolution Bucket (Immediate
+Action)" column (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, Ampere
+and newer), as NVIDIA's NVSentinel ships that column (NVIDIA/NVSentinel
+distros/kubernetes/nvsentinel/charts/gpu-health-monitor/xiderrorsmapping.csv
+@6f8b0fcfa8e502bdda78fabf96facef729a9285b). Every other XID (RESTART_APP: 13, 31, 94 ...;
+IGNORE: 43, 63, 92 ...; WORKFLOW_XID_45; the unused ones) is one to watch.
+
+154 is redline's addition: the catalog says to follow the guidance of the XID it accompanies,
+but dcgm-exporter keeps only the last XID, and the driver logs 154 ("GPU recovery action
+changed ... GPU Reset Required") after the XID that needs the reset (as in the driver logs
+posted on NVIDIA's forums), hiding it."""
+
+
+class Gpu(_Model):
+    """GPU health from the exporters a GPU cluster already runs: NVIDIA's dcgm-exporter (per
+    GPU: XIDs, memory errors, temperature, NVLink) and kube-state-metrics (nodes and pods)."""
+
+    playbook: PlaybookName | None = Field(
+        "gpu_node_failure",
+        description=f"Playbook run when {alerts.Alert.GPU_XID_CRITICAL} fires (cordon and drain "
+        "the node); null: the alert only reaches humans.",
+    )
+    drain_xids: tuple[PositiveInt, ...] = Field(
+        NVIDIA_DRAIN_XIDS,
+        min_length=1,
+        description=f"XIDs that fire {alerts.Alert.GPU_XID_CRITICAL} (drain now); default: those "
+        "NVIDIA's Xid catalog resolves by a GPU reset, a reboot or a hardware workflow. Any "
+        f"other XID fires {alerts.Alert.GPU_XID_WATCH}.",
+    )
+    ignore_xids: tuple[PositiveInt, ...] = Field(
+        (),
+        description=f"XIDs that raise no {alerts.Alert.GPU_XID_WATCH} (a workload's known "
+        "faults); never one of drain_xids.",
+    )
+    xid_window: Duration = Field(
+        "10m",
+        description=f"A new watch XID keeps {alerts.Alert.GPU_XID_WATCH} this long, and a "
+        f"drain-now XID keeps {alerts.Alert.GPU_XID_CRITICAL} this long after a later XID "
+        "replaced it (dcgm-exporter keeps only the last one).",
+    )
+    max_temperature_celsius: float = Field(
+        85,
+        gt=0,
+        le=150,
+        description=f"{alerts.Alert.GPU_NODE_UNHEALTHY} (ticket) when a GPU stays hotter than "
+        "this (dcgm-exporter's GPU temperature); redline's default, below the slowdown "
+        "temperature of "
+        "common datacenter GPUs: `nvidia-smi -q -d TEMPERATURE` shows yours.",
+    )
+    temperature_for: Duration = Field("5m", description="... for this long.")
+    error_window: Duration = Field(
+        "10m",
+        description="Window of the error counters: uncorrectable ECC errors and remapped rows "
+        "(page), NVLink errors (ticket).",
+    )
+    nvlink_errors: int = Field(
+        0,
+        ge=0,
+        description="NVLink errors (CRC, replay, recovery) of a GPU within error_window "
+        f"above this fire {alerts.Alert.GPU_NODE_UNHEALTHY} (ticket).",
+    )
+    not_ready_for: Duration = Field(
+        "2m",
+        description=f"{alerts.Alert.GPU_NODE_UNHEALTHY} (page) when a node with GPU capacity "
+        "has not been Ready (false or unknown) for this long.",
+    )
+    restarts: PositiveInt = Field(
+        3,
+        description=f"{alerts.Alert.GPU_PODS_UNHEALTHY} when a pod on a GPU node restarted its "
+        "containers at least this many times...",
+    )
+    restart_window: Duration = Field("1h", description="... within this window.")
+    pending_for: Duration = Field(
+        "10m",
+        description=f"{alerts.Alert.GPU_PODS_UNHEALTHY} when a pod bound to a GPU node stays "
+        "Pending this long (an image pull, a device plugin failing to allocate).",
+    )
+    resource: str = Field(
+        "nvidia.com/gpu",
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="The Kubernetes resource of a GPU: a node whose capacity has it is a GPU "
+        "node (kube-state-metrics writes it with every character outside [a-zA-Z0-9_] as _).",
+    )
+    node_label: str = Field(
+        "node",
+        pattern=_LABEL_NAME.pattern,
+        description="The label naming the node on kube-state-metrics' series (its own: node).",
+    )
+    dcgm_node_label: str = Field(
+        "Hostname",
+        pattern=_LABEL_NAME.pattern,
+        description="The label naming the node on dcgm-exporter's series (its own: Hostname, "
+        "the node's name where its Helm chart sets NODE_NAME); the rules copy it to `node`.",
+    )
+
+    @field_validator("drain_xids", "ignore_xids")
+    @classmethod
+    def _no_repeats(cls, value: tuple[int, ...], info: ValidationInfo) -> tuple[int, ...]:
+        repeated = sorted({xid for xid in value if value.count(xid) > 1})
+        if repeated:
+            raise ValueError(f"XIDs repeated: {', '.join(map(str, repeated))}")
+        if info.field_name == "ignore_xids":
+            both = sorted(set(value) & set(info.data.get("drain_xids", ())))
+            if both:
+                raise ValueError(
+                    f"{', '.join(map(str, both))} also in drain_xids: a drain-now XID is never "
+                    "ignored"
+                )
+        return value
+
+    @field_validator("xid_window", "error_window", "restart_window")
+    @classmethod
+    def _a_window(cls, value: str, info: ValidationInfo) -> str:
+        if parse_duration(value) < 60:
+            raise ValueError(
+                f"must be at least 1m (got {value}): an increase or a change needs two samples"
+            )
+        return value
+
+
 class Spec(_Model):
     """The whole spec file."""
 
@@ -992,6 +1157,11 @@ class Spec(_Model):
     )
     maturity: MaturityBars = Field(
         default_factory=MaturityBars, description="Bars of the report's maturity assessment."
+    )
+    gpu: Gpu = Field(
+        default_factory=Gpu,
+        description="GPU health from dcgm-exporter and kube-state-metrics: XIDs, memory, "
+        "temperature, NVLink, GPU nodes and their pods.",
     )
 
     @field_validator("regions")

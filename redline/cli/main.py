@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from redline.cli import sources as sources_cli
-from redline.cli.common import RegionsOpt, err, fail
+from redline.cli.common import ConfigOpt, RegionsOpt, err, fail
 from redline.cli.lazy import LazyGroup
 from redline.generate.chaos import (
     ChaosBuildError,
@@ -58,10 +58,11 @@ def root() -> None:
     """redline: generate rules from the spec, run the exporters and the remediation receiver."""
 
 
-def load_or_exit(path: Path | None) -> LoadedSpec:
-    """Load a spec or print its problems (`file: field: message`) and exit 2."""
+def load_or_exit(path: Path | None, playbooks: tuple[str, ...] | None = None) -> LoadedSpec:
+    """Load a spec or print its problems (`file: field: message`) and exit 2; with `playbooks`,
+    every playbook the spec names must be one of them."""
     try:
-        loaded = load_spec(path)
+        loaded = load_spec(path, playbooks)
     except SpecError as exc:
         raise fail("\n".join(exc.problems)) from None
     for finding in loaded.warnings:
@@ -69,10 +70,41 @@ def load_or_exit(path: Path | None) -> LoadedSpec:
     return loaded
 
 
+def _known_playbooks(config: Path | None) -> tuple[str, ...]:
+    """The playbooks a spec may name: the built-in ones and the installed `redline.playbooks`
+    entry points; with `config`, the remediation settings' `playbook_classes` and factory too."""
+    # Imported here, not at the top: the other commands do not need them. Without `config`
+    # no playbook class is imported (the built-in ones pull in pymilvus, and validate is light).
+    from redline.remediation.playbook import RegistryError, load_entry_point_names
+    from redline.slo.spec import PLAYBOOK_NAMES
+
+    if config is None:
+        return tuple(sorted({*PLAYBOOK_NAMES, *load_entry_point_names()}))
+    from redline.core.settings import SettingsError, load_settings
+    from redline.remediation.catalog import load_known_playbooks, load_registry
+    from redline.remediation.settings import DEFAULT_REGISTRY, RemediationSettings
+
+    try:
+        settings = load_settings(RemediationSettings, config)
+        registry = (
+            None
+            if settings.playbooks == DEFAULT_REGISTRY
+            else load_registry(settings.playbooks, settings)
+        )
+        return load_known_playbooks(settings, registry)
+    except (SettingsError, RegistryError) as exc:
+        raise fail(str(exc)) from None
+
+
 @app.command()
-def validate(spec: SpecArg = None) -> None:
-    """Validate a spec: exit 0 when usable (warnings printed), 2 with one line per problem."""
-    loaded = load_or_exit(spec)
+def validate(spec: SpecArg = None, config: ConfigOpt = None) -> None:
+    """Validate a spec: exit 0 when usable (warnings printed), 2 with one line per problem.
+
+    Every playbook the spec names must be known: built in, an installed `redline.playbooks`
+    entry point or, with `--config` (the remediation settings), one of its `playbook_classes`
+    or of its `playbooks` factory's registry.
+    """
+    loaded = load_or_exit(spec, _known_playbooks(config))
     s = loaded.spec
     console.print(
         f"{loaded.source}: ok: spec {s.version} for {s.service}, regions {', '.join(s.regions)}, "

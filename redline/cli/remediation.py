@@ -3,7 +3,10 @@ pause|resume|status`, `redline audit verify`.
 
 Thin: parses options, loads settings (flags > `REDLINE_*` env > `--config` file > defaults) and
 calls `redline.remediation`. Secrets come from `--token-file` or `REDLINE_WEBHOOK_TOKEN`. The
-receiver (with workers) and the worker refuse to start while an enabled playbook lacks a setting.
+receiver and the worker refuse to start while the spec names a playbook no playbook class (built
+in, `redline.playbooks` entry point, `playbook_classes`) or registry knows; the receiver with
+workers and the worker also while an enabled playbook lacks a setting or its options do not
+validate.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from redline.remediation.audit import (
     read_file_records,
     verify_records,
 )
-from redline.remediation.catalog import load_registry
+from redline.remediation.catalog import load_known_playbooks, load_registry
 from redline.remediation.guards import GuardStore, Policies, check_startup, load_policies
 from redline.remediation.playbook import PlaybookRegistry, RegistryError
 from redline.remediation.settings import DEFAULT_PORT, RemediationSettings
@@ -126,11 +129,19 @@ def _spec_playbooks(value: Any) -> set[str]:
     return found
 
 
-def _check_spec(settings: RemediationSettings, registry: PlaybookRegistry) -> None:
+def _check_spec(
+    settings: RemediationSettings, registry: PlaybookRegistry, *, warn_unregistered: bool
+) -> None:
+    """Refuse a spec naming a playbook no class or registry knows (naming the field); with
+    `warn_unregistered`, warn of the known ones this registry lacks (their jobs will fail)."""
     try:
-        loaded = load_spec(settings.spec)
+        loaded = load_spec(settings.spec, playbooks=load_known_playbooks(settings, registry))
+    except RegistryError as exc:
+        raise fail(str(exc)) from None
     except SpecError as exc:
         raise fail("\n".join(exc.problems)) from None
+    if not warn_unregistered:
+        return
     missing = sorted(_spec_playbooks(loaded.spec.model_dump()) - set(registry.names()))
     if missing:
         _print(
@@ -178,7 +189,7 @@ def serve(
     _logging(settings.log_level)
     require_redis(settings.redis_url)
     registry = _registry(settings)
-    _check_spec(settings, registry)
+    _check_spec(settings, registry, warn_unregistered=True)
     policies = _policies(settings)
     try:
         token = None if settings.allow_unauthenticated else settings.resolve_token()
@@ -228,6 +239,7 @@ def worker(
     _logging(settings.log_level)
     require_redis(settings.redis_url)
     registry = _registry(settings)
+    _check_spec(settings, registry, warn_unregistered=False)
     policies = _policies(settings)
     _check_startup(registry, policies)
     stop = threading.Event()

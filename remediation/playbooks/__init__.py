@@ -1,16 +1,16 @@
-"""The built-in playbooks; `redline.remediation.catalog.build_registry` registers them.
+"""The built-in playbooks; `redline.remediation.catalog.BUILTIN_PLAYBOOKS` lists their classes.
 
 | playbook | target label | module |
 |---|---|---|
 | `semantic_rollback` | `model` | `rollback` |
 | `freeze_writes`, `delta_log_replay`, `freeze_and_replay` | `collection` | `index` |
 | `reroute` | `region` | `reroute` |
-| `spot_drain` | `node` | `spot` (options: `playbook_options.spot_drain`) |
+| `spot_drain` | `node` | `spot` (options: `playbook_options.spot_drain`, `SpotDrain.Options`) |
 | `rollback_candidate` | `model` | `candidate` |
 
-Each takes its dependencies from a section of `RemediationSettings` (`serving`, `rollback`,
-`vector_index`, `reroute`) and talks to the platform through `redline.platform` adapters or
-over HTTP (`serving`), never through `redline.exporters`.
+Each is built by its `from_settings` from a section of `RemediationSettings` (`serving`,
+`rollback`, `vector_index`, `reroute`) and talks to the platform through `redline.platform`
+adapters or over HTTP (`serving`), never through `redline.exporters`.
 """
 
 from redline.remediation.playbooks.candidate import RollbackCandidate

@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import redis
 
 from redline.remediation.playbook import (
+    NoOptions,
     PlannedStep,
     Playbook,
     PlaybookContext,
@@ -36,6 +37,7 @@ from redline.remediation.playbook import (
     StepResult,
     TransientError,
 )
+from redline.remediation.settings import RemediationSettings
 
 CANDIDATES_HASH = "rollback_candidates"
 MAX_DIFF_CHARS = 512
@@ -119,6 +121,11 @@ class RollbackCandidate(Playbook):
     def __init__(self, state_prefix: str, retention_seconds: int) -> None:
         self.state_prefix = state_prefix
         self.retention_seconds = retention_seconds
+
+    @classmethod
+    def from_settings(cls, settings: RemediationSettings, options: NoOptions) -> Self:
+        """The record kept beside the other playbooks' state, as long as the jobs."""
+        return cls(settings.playbook_state_prefix, settings.retention_seconds)
 
     @property
     def hash_key(self) -> str:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import redis
 from pymilvus import MilvusException
@@ -53,6 +53,7 @@ from redline.platform.index import (
 )
 from redline.platform.index import LeaseLostError as TargetLeaseLostError
 from redline.remediation.playbook import (
+    NoOptions,
     PlannedStep,
     Playbook,
     PlaybookContext,
@@ -60,7 +61,7 @@ from redline.remediation.playbook import (
     StepResult,
     TransientError,
 )
-from redline.remediation.settings import VectorIndexSettings
+from redline.remediation.settings import RemediationSettings, VectorIndexSettings
 
 if TYPE_CHECKING:
     from redline.remediation.jobs import Job
@@ -131,6 +132,16 @@ class _IndexPlaybook(Playbook):
         self.redis_url = settings.redis_url or redis_url
         self.state_prefix = state_prefix
         self.retention_seconds = retention
+
+    @classmethod
+    def from_settings(cls, settings: RemediationSettings, options: NoOptions) -> Self:
+        """The playbook on `settings.vector_index` (its Redis: the receiver's by default)."""
+        return cls(
+            settings.vector_index,
+            settings.redis_url,
+            settings.playbook_state_prefix,
+            settings.retention_seconds,
+        )
 
     # ---- resources ---------------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import redis
@@ -65,17 +65,19 @@ from redline.platform.serving import (
 )
 from redline.remediation.playbook import (
     Deferred,
+    NoOptions,
     PlannedStep,
     Playbook,
     PlaybookContext,
     PlaybookError,
+    RegistryError,
     StepResult,
     TransientError,
 )
-from redline.remediation.settings import RerouteSettings, ServingSettings
+from redline.remediation.settings import RemediationSettings, RerouteSettings, ServingSettings
 from redline.rules.records import p99_record
 from redline.slo import catalog
-from redline.slo.load import load_spec
+from redline.slo.load import SpecError, apply_profile, load_spec
 from redline.slo.spec import Spec
 
 _EPOCH_FLOOR = datetime(1970, 1, 2, tzinfo=UTC)
@@ -172,6 +174,16 @@ class Reroute(Playbook):
             if options.restore_for_seconds is not None
             else red.restore.for_seconds
         )
+
+    @classmethod
+    def from_settings(cls, settings: RemediationSettings, options: NoOptions) -> Self:
+        """The reroute on `settings.reroute` and `settings.serving`, its restore limits from the
+        spec (with the settings' profile); RegistryError naming the spec's problems."""
+        try:
+            spec = apply_profile(load_spec(settings.spec).spec, settings.profile)
+        except SpecError as exc:
+            raise RegistryError("playbooks: the spec: " + "; ".join(exc.problems)) from None
+        return cls(settings.reroute, settings.serving, settings.redis_url, spec)
 
     def settings_problems(self) -> Sequence[str]:
         """serving.upstreams (two regions or more) and serving.gateway_url are required."""

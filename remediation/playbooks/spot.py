@@ -18,23 +18,23 @@ Each step reads the node's state first and does only what is missing, so a retri
 job is harmless. A replacement that is not ready within the readiness timeout fails the job
 (admission stays closed; `SpotReplacementSlow` pages).
 
-Options (`playbook_options.spot_drain`): `redis_url`, `routing_key_prefix`, `state_key_prefix`,
-`gateway_urls` (default: `serving.gateway_url`), `gateway_token_file`, `model` (default:
-`serving.probe_model`), `time_scale` (drills), `readiness_timeout_seconds` (default: the spec's),
-`poll_seconds`.
+Options (`playbook_options.spot_drain`, the typed `SpotDrain.Options`, validated at start-up):
+`redis_url`, `routing_key_prefix`, `state_key_prefix`, `gateway_urls` (default:
+`serving.gateway_url`), `gateway_token_file`, `model` (default: `serving.probe_model`),
+`time_scale` (drills), `readiness_timeout_seconds` (default: the spec's), `poll_seconds`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 import httpx
 import redis
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from redline.core.settings import SettingsError, read_secret
 from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
@@ -58,13 +58,13 @@ from redline.remediation.playbook import (
     StepResult,
     TransientError,
 )
-from redline.remediation.settings import ServingSettings
+from redline.remediation.settings import RemediationSettings, ServingSettings
 from redline.slo.load import SpecError, apply_profile, load_spec
 from redline.slo.spec import Spot
 
 
 class SpotDrainOptions(BaseModel):
-    """`playbook_options.spot_drain`."""
+    """`playbook_options.spot_drain`: where the drain's state lives and how it waits."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     redis_url: str | None = Field(None, description="Redis of the stores (default: receiver's).")
@@ -87,28 +87,30 @@ class SpotDrain(Playbook):
 
     name = "spot_drain"
     target_label = "node"
+    Options = SpotDrainOptions
 
     def __init__(
         self,
-        options: Mapping[str, Any],
+        options: SpotDrainOptions,
         serving: ServingSettings,
         redis_url: str,
         spec_path: Path | None = None,
         profile: str | None = None,
     ) -> None:
-        self.raw_options = dict(options)
+        self.options = options
         self.serving = serving
         self.redis_url = redis_url
         self.spec_path = spec_path
         self.profile = profile
 
+    @classmethod
+    def from_settings(cls, settings: RemediationSettings, options: SpotDrainOptions) -> Self:
+        """The drain on `settings.serving`, its spot timings from the spec (read per job)."""
+        return cls(options, settings.serving, settings.redis_url, settings.spec, settings.profile)
+
     def settings_problems(self) -> Sequence[str]:
-        """Valid `playbook_options.spot_drain`, and a gateway to drain through."""
-        try:
-            options = self._options()
-        except PlaybookError as exc:
-            return [str(exc).removeprefix(f"{self.name}: ")]
-        if not options.gateway_urls and not self.serving.gateway_url:
+        """A gateway to drain through (the options were validated when it was built)."""
+        if not self.options.gateway_urls and not self.serving.gateway_url:
             return [
                 "serving.gateway_url (or playbook_options.spot_drain.gateway_urls) is not set "
                 "(the gateways that close a draining node's admission)"
@@ -116,15 +118,6 @@ class SpotDrain(Playbook):
         return []
 
     # ---- helpers -----------------------------------------------------------------------------
-
-    def _options(self) -> SpotDrainOptions:
-        try:
-            return SpotDrainOptions.model_validate(self.raw_options)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            raise PlaybookError(f"{self.name}: playbook_options.spot_drain: {problems}") from None
 
     def _spot(self, options: SpotDrainOptions) -> Spot:
         try:
@@ -146,7 +139,7 @@ class SpotDrain(Playbook):
 
     @contextmanager
     def _flow(self, ctx: PlaybookContext, node: str) -> Iterator[SpotDrainFlow]:
-        options = self._options()
+        options = self.options
         gateways = options.gateway_urls or (
             [self.serving.gateway_url] if self.serving.gateway_url else []
         )

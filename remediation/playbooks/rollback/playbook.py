@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 from redline.platform.golden import GOLDEN_SET, GoldenPrompt
 from redline.platform.snapshots import Snapshot, SnapshotError, SnapshotRegistry
 from redline.remediation.playbook import (
+    NoOptions,
     PlannedStep,
     Playbook,
     PlaybookContext,
@@ -37,7 +38,11 @@ from redline.remediation.playbooks.rollback.pods import (
 )
 from redline.remediation.playbooks.rollback.state import Progress, ProgressStore
 from redline.remediation.playbooks.rollback.switch import Switcher
-from redline.remediation.settings import RollbackSettings, ServingSettings
+from redline.remediation.settings import (
+    RemediationSettings,
+    RollbackSettings,
+    ServingSettings,
+)
 
 PodJudge = Callable[[dict[str, str | None]], tuple[str, str | None]]
 """A pod's served adapters (name -> root) judged: the note for its report, and the problem
@@ -64,6 +69,16 @@ class SemanticRollback(Playbook):
         self.state_prefix = state_prefix
         self.retention_seconds = retention_seconds
         self.golden_set = tuple(golden_set)
+
+    @classmethod
+    def from_settings(cls, settings: RemediationSettings, options: NoOptions) -> Self:
+        """The rollback on `settings.rollback` and `settings.serving`, the built-in golden set."""
+        return cls(
+            settings.rollback,
+            settings.serving,
+            settings.playbook_state_prefix,
+            settings.retention_seconds,
+        )
 
     # ---- configuration and state -------------------------------------------------------------
 

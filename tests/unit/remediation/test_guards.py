@@ -28,7 +28,13 @@ from redline.remediation.playbook import (
     StepResult,
 )
 from redline.remediation.worker import build_skip
-from redline.slo.spec import PLAYBOOK_NAMES, PlaybookPolicy, Remediation, Spec
+from redline.slo.spec import (
+    KNOWN_PLAYBOOKS_CONTEXT,
+    PLAYBOOK_NAMES,
+    PlaybookPolicy,
+    Remediation,
+    Spec,
+)
 
 
 class _Needs(Playbook):
@@ -80,8 +86,12 @@ def test_the_spec_section_validates_and_names_the_field() -> None:
     with pytest.raises(ValidationError) as caught:
         Remediation.model_validate({"playbooks": {"reroute": {"mode": "sometimes"}}})
     assert caught.value.errors()[0]["loc"] == ("playbooks", "reroute", "mode")
+    # A name is checked against the registry's names where they are known (validate, start-up).
     with pytest.raises(ValidationError) as unknown:
-        Remediation.model_validate({"playbooks": {"rerout": {"mode": "off"}}})
+        Remediation.model_validate(
+            {"playbooks": {"rerout": {"mode": "off"}}},
+            context={KNOWN_PLAYBOOKS_CONTEXT: PLAYBOOK_NAMES},
+        )
     assert unknown.value.errors()[0]["loc"][:2] == ("playbooks", "rerout")
 
 

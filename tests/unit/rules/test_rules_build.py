@@ -107,6 +107,7 @@ def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
     matchers = [r["matchers"][0] for r in config["route"]["routes"]]
     assert matchers == [
         'playbook="freeze_and_replay"',
+        'playbook="gpu_node_failure"',
         'playbook="reroute"',
         'playbook="rollback_candidate"',
         'playbook="semantic_rollback"',
