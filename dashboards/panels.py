@@ -25,7 +25,7 @@ from grafanalib.core import (
 )
 
 from redline.rules.common import runbook
-from redline.rules.records import request_duration
+from redline.rules.records import window_requests_record
 from redline.slo import catalog
 from redline.slo.spec import Spec
 
@@ -193,7 +193,9 @@ def source_description(spec: Spec, left_out: dict[str, str]) -> str:
 def build_variables(spec: Spec, names: Sequence[str]) -> list[Template]:
     """`$datasource` first, then the label variables the dashboard filters on."""
     queries = {
-        "region": ("Region", f"label_values({request_duration(spec)}_count, region)"),
+        # A recording every source writes with the catalog's `region` (an engine's own series
+        # may name it otherwise).
+        "region": ("Region", f"label_values({window_requests_record(spec)}, region)"),
         "model": ("Model", f"label_values({catalog.MODEL_ACTIVE_INFO}, model)"),
     }
     variables = [

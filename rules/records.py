@@ -15,23 +15,15 @@ from redline.slo.spec import Spec
 
 
 def source_name(spec: Spec, signal: str) -> str | None:
-    """The series the rules read for `signal` (`ResolvedSources.read_name`)."""
+    """The source's own series for `signal`, None where it has none (`read_name`)."""
     return spec.sources.resolve().read_name(signal)
 
 
 def request_duration(spec: Spec) -> str:
-    """The latency histogram's base name the rules read (every profile has one)."""
+    """The source's raw latency histogram (its base name; every profile has one): for reads
+    that need no label of the catalog's but `region` (`absent()`, `label_values()`, a sample
+    count). Aggregations go through `redline.rules.signals.aggregate`."""
     return spec.sources.resolve().required_name("request_duration")
-
-
-def requests_total(spec: Spec) -> str:
-    """The request counter the rules read."""
-    return spec.sources.resolve().required_name("requests")
-
-
-def errors_total(spec: Spec) -> str:
-    """The error counter the rules read."""
-    return spec.sources.resolve().required_name("errors")
 
 
 def slow_bound(spec: Spec, threshold: float) -> float:

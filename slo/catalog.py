@@ -876,19 +876,9 @@ SLO_OBJECTIVE_RECORD = "redline:slo_objective:ratio"
 SLO_ERROR_BUDGET_REMAINING_RECORD = "redline:slo_error_budget:remaining_ratio"
 
 
-def source_record(series: str) -> str:
-    """The mirror of a canonical series recorded from an engine's own (`redline:source:<name>`).
-
-    Engine profiles (`redline.slo.sources`) map the engine's series and labels onto the catalog's
-    under these names, which can never shadow an engine's own series (vLLM's and SGLang's
-    names contain colons too, but never start with `redline:`).
-    """
-    return f"redline:source:{series}"
-
-
 MODEL_ACTIVE_VERSION_RECORD = "redline:model_active_version:info"
-"""`model_active_info` reduced to one series per (model, model_version): the join key that
-stamps engine series with the registry's active version."""
+"""`model_active_info` reduced to one series per model (its active version, `unknown` without
+one): the join key that stamps an engine's aggregated series with the registry's version."""
 
 
 def tokens_rate_record(kind: Literal["generated", "prompt"], window: str) -> str:

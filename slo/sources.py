@@ -7,11 +7,12 @@ onto the catalog's:
 
 - `redline-gateway`: redline's own gateway writes the canonical series itself (P99 including
   cross-region reroute); nothing is mapped.
-- `vllm`, `sglang`, `tgi`, `nim`, `otel-genai`: the engine's documented series. The rules mirror
-  them into `redline:source:<canonical series>` recordings (`catalog.source_record`) with the
-  catalog's labels: `model` from the engine's model label (or a constant), `region` from a target
-  or external label, `served_region` = `region` and `rerouted="false"` (no gateway, no reroute),
-  and `model_version` joined from `model_active_info` (the snapshot registry's active version).
+- `vllm`, `sglang`, `tgi`, `nim`, `otel-genai`: the engine's own series, read where they are
+  (`redline.rules.signals`): inside each aggregation the engine's labels are mapped onto the
+  catalog's — `model` from the engine's model label (or a constant), `region` from a target or
+  external label, `served_region` = `region` and `rerouted="false"` (no gateway, no reroute) —
+  and `model_version` is joined from `model_active_info` (the snapshot registry's active
+  version) after it. No engine series is copied.
 
 `resolve_sources(spec.sources)` applies the spec's overrides to its profile; everything else
 reads the result. Pure data and pure functions: nothing here touches the network.
@@ -383,24 +384,12 @@ class ResolvedSources:
         """The series standing for `signal`, None where this stack has none."""
         return self.profile.series.get(signal)
 
-    def direct(self, signal: str) -> bool:
-        """True when the rules read `signal`'s series as they are (one name, no matchers, from
-        redline's gateway); otherwise they read its `redline:source:` mirror."""
-        found = self.series(signal)
-        return (
-            found is not None and not self.mirrored and len(found.names) == 1 and not found.matchers
-        )
-
     def read_name(self, signal: str) -> str | None:
-        """The series the rules read for `signal`: the engine's own where it is read as it is,
-        else its `redline:source:` mirror; None where the stack has none (histogram signals:
-        the base name, `_bucket`/`_count`/`_sum` appended)."""
+        """The source's own series for `signal` (its first name: histogram signals give the
+        base name, `_bucket`/`_count`/`_sum` appended); None where the stack has none. The
+        rules read it through `redline.rules.signals`, which maps an engine's labels."""
         found = self.series(signal)
-        if found is None:
-            return None
-        if self.direct(signal):
-            return found.names[0]
-        return catalog.source_record(CANONICAL[signal].name)
+        return None if found is None else found.names[0]
 
     def required_name(self, signal: str) -> str:
         """`read_name` of a signal every profile provides (latency, requests, errors)."""
@@ -411,10 +400,10 @@ class ResolvedSources:
 
     def record_base(self) -> str:
         """The histogram name recorded series are named after: the canonical one whatever the
-        source, unless the gateway's own histogram was renamed (then that name)."""
-        if self.direct("request_duration"):
-            return self.required_name("request_duration")
-        return catalog.LLM_REQUEST_DURATION_SECONDS.name
+        engine, or the gateway's own histogram where it was renamed."""
+        if self.mirrored:
+            return catalog.LLM_REQUEST_DURATION_SECONDS.name
+        return self.required_name("request_duration")
 
     def slow_bucket(self, threshold: float) -> float | None:
         """The bucket bound counting requests slower than `threshold`: the threshold itself when

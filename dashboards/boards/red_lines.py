@@ -26,7 +26,7 @@ from redline.dashboards.panels import (
     two_state_mapping,
 )
 from redline.rules.model import number
-from redline.rules.records import p99_record, requests_total
+from redline.rules.records import p99_record
 from redline.slo import catalog
 from redline.slo.alerts import Alert
 from redline.slo.spec import Spec
@@ -75,7 +75,8 @@ def _latency(spec: Spec) -> Section:
             PanelDef("state", "Endpoint probes", (probes,), book, mappings=OK_FAILED, width=6),
         ]
         return Section(f"Latency {quantile}{reroute}", tuple(panels))
-    requests = requests_total(spec)
+    # Only the gateway reroutes (an engine profile returned above): its counter is read as is.
+    requests = catalog.LLM_REQUESTS_TOTAL
     total = f"sum by (region) (rate({requests}{{{region_matcher()}}}[$__rate_interval]))"
     matcher = f'{region_matcher()},rerouted="true"'
     rerouted = f"sum by (region) (rate({requests}{{{matcher}}}[$__rate_interval]))"

@@ -44,11 +44,11 @@ def label_mapping(resolved: ResolvedSources) -> list[str]:
 
 
 def signal_table(resolved: ResolvedSources) -> Table:
-    """Signal -> the engine series (matchers included) and the name the rules read, and why a
+    """Signal -> the engine series (matchers included) and how the rules read them, and why a
     series stands in where the engine has no exact equivalent."""
     table = Table(title=f"{resolved.name}: {resolved.profile.title}", title_justify="left")
     table.add_column("signal", no_wrap=True)
-    table.add_column("series (-> what the rules read)", overflow="fold", ratio=3)
+    table.add_column("series (-> how the rules read it)", overflow="fold", ratio=3)
     table.add_column("note", overflow="fold", ratio=2)
     for signal in SIGNAL_NAMES:
         found = resolved.series(signal)
@@ -57,7 +57,7 @@ def signal_table(resolved: ResolvedSources) -> Table:
             table.add_row(signal, "-", f"not available: {reason}")
             continue
         selectors = "\n+ ".join(found.selector(name) for name in found.names)
-        read = "as it is" if resolved.direct(signal) else resolved.read_name(signal)
+        read = "mapped onto the catalog's labels" if resolved.mirrored else "as it is"
         table.add_row(signal, f"{selectors}\n-> {read}", found.note or "-")
     return table
 

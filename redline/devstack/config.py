@@ -93,15 +93,14 @@ def build_stack_spec(spec: Spec, endpoints: Endpoints, token_file: Path) -> Spec
 
 
 def pipeline_budget_seconds(spec: Spec, for_seconds: float, federated: bool = False) -> float:
-    """scrape (+ a federation scrape) + eval (+ the mirror's eval) + for + group_wait: from a
-    fault to a notification. An engine source's series pass through one more rule evaluation,
-    the `redline:source:` mirror, before the recordings and alerts read them."""
+    """scrape (+ a federation scrape) + eval + for + group_wait: from a fault to a
+    notification. The rules read an engine's series where they are (no copy, no extra
+    evaluation); only its version stamp may be one evaluation old."""
     t = spec.timing
     scrapes = 2 if federated else 1
-    evaluations = 2 if spec.sources.resolve().mirrored else 1
     return (
         scrapes * t.scrape_interval_seconds
-        + evaluations * t.evaluation_interval_seconds
+        + t.evaluation_interval_seconds
         + for_seconds
         + t.group_wait_seconds
     )

@@ -357,8 +357,8 @@ def fetch_report_input(
     check_step(step)
     recorded = recording_covers(client, p99_record(spec), window)
     histogram = f"the raw histogram {request_duration(spec)}_bucket"
-    if not spec.sources.resolve().direct("request_duration"):
-        histogram = f"the rules' mirror of the engine's histogram, {request_duration(spec)}_bucket"
+    if spec.sources.resolve().mirrored:
+        histogram = f"the engine's own histogram, {request_duration(spec)}_bucket"
     notes = [
         f"P99 latency read from the recording rule {p99_record(spec)}"
         if recorded

@@ -16,8 +16,9 @@ from redline.rules.build import (
     p99_record,
     slo_error_ratio_expr,
 )
-from redline.rules.model import format_duration, number, selector
-from redline.rules.records import request_duration, requests_total
+from redline.rules.families.slo import slo_events_expr
+from redline.rules.model import format_duration, number
+from redline.rules.signals import aggregate
 from redline.slo import catalog
 from redline.slo.maths import HOUR
 from redline.slo.report import SignalDef
@@ -41,12 +42,7 @@ def check_step(step: int) -> None:
 
 def slo_total_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL of an SLO's events over `window` (summed counter increase)."""
-    match slo.sli.kind:
-        case "slow_requests":
-            series = f"{request_duration(spec)}_count{selector(slo.sli.selector)}"
-        case "errors":
-            series = f"{requests_total(spec)}{selector(slo.sli.selector)}"
-    return f"sum(increase({series}[{window}]))"
+    return slo_events_expr(spec, slo, window)
 
 
 def slo_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
@@ -102,17 +98,16 @@ def latency_exprs(spec: Spec, step: int, recorded: bool) -> SignalExprs:
         return SignalExprs(
             f"{value} > bool {thr}", f"max_over_time({value}{sub})", value, peak_costly=True
         )
-    base = request_duration(spec)
-    value = (
-        f"max(histogram_quantile({number(red.quantile)}, sum by (le, region) "
-        f"(rate({base}_bucket[{red.window}]))))"
-    )
+    buckets = aggregate(spec, "request_duration", red.window, ("le", "region"), suffix="_bucket")
+    value = f"max(histogram_quantile({number(red.quantile)}, {buckets}))"
     flag = f"{value} > bool {thr}"
     if red.threshold_seconds in spec.sources.buckets:
-        good = (
-            f'sum by (region) (rate({base}_bucket{{le="{thr}"}}[{red.window}]))\n'
-            f"  / sum by (region) (rate({base}_count[{red.window}]))"
-        )
+        fast = aggregate(
+            spec, "request_duration", red.window, ("region",), suffix="_bucket",
+            matchers=[f'le="{thr}"'],
+        )  # fmt: skip
+        count = aggregate(spec, "request_duration", red.window, ("region",), suffix="_count")
+        good = f"{fast}\n  / {count}"
         flag = f"min({good}) < bool {number(red.quantile)}"
     return SignalExprs(flag, f"max_over_time({value}{sub})", value, peak_costly=True)
 

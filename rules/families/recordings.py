@@ -13,16 +13,15 @@ from redline.rules.model import RecordingRule, RuleGroup, le_matcher, number
 from redline.rules.promtool_cases import AlertIndex, Case
 from redline.rules.records import (
     p99_record,
-    request_duration,
     rollback_records,
     rollback_window,
     slow_bound,
-    source_name,
     tokens_rate_records,
     ttft_p99_record,
     window_requests_record,
     window_slow_requests_record,
 )
+from redline.rules.signals import Fn, aggregate, indent
 from redline.slo import catalog
 from redline.slo.spec import Spec
 
@@ -45,35 +44,38 @@ def wilson_upper_expr(accuracy: str, verdicts: str, confidence: float) -> str:
     )
 
 
+def _quantile(quantile: float, buckets: str) -> str:
+    """`histogram_quantile(q, buckets)`, on one line when the buckets fit on one."""
+    if "\n" not in buckets:
+        return f"histogram_quantile({number(quantile)}, {buckets})"
+    return f"histogram_quantile(\n  {number(quantile)},\n{indent(buckets)}\n)"
+
+
 def build_rules(spec: Spec) -> list[RuleGroup]:
     """Recording rules for the latency quantiles, accuracy, verdicts, tokens/s and TTFT."""
     red = spec.red_lines.latency_p99
-    base = request_duration(spec)
-    bucket, count = f"{base}_bucket", f"{base}_count"
     window = rollback_window(spec)
     records = rollback_records(spec)
     slow = slow_bound(spec, red.threshold_seconds)
+    by_version = (catalog.LABEL_MODEL, catalog.LABEL_MODEL_VERSION)
+
+    def latency(by: tuple[str, ...], over: str, suffix: str, fn: Fn = "rate", *m: str) -> str:
+        return aggregate(spec, "request_duration", over, by, suffix=suffix, fn=fn, matchers=m)
+
+    count_in_window = latency(("region",), red.window, "_count", "increase")
+    fast_in_window = latency(("region",), red.window, "_bucket", "increase", le_matcher(slow))
     rules = [
         RecordingRule(
             p99_record(spec),
-            f"histogram_quantile({number(red.quantile)}, "
-            f"sum by (le, region) (rate({bucket}[{red.window}])))",
+            _quantile(red.quantile, latency(("le", "region"), red.window, "_bucket")),
         ),
-        RecordingRule(
-            window_requests_record(spec),
-            f"sum by (region) (increase({count}[{red.window}]))",
-        ),
-        RecordingRule(
-            window_slow_requests_record(spec),
-            f"sum by (region) (increase({count}[{red.window}]))\n-\n"
-            f"sum by (region) (increase({bucket}{{{le_matcher(slow)}}}[{red.window}]))",
-        ),
+        RecordingRule(window_requests_record(spec), count_in_window),
+        RecordingRule(window_slow_requests_record(spec), f"{count_in_window}\n-\n{fast_in_window}"),
         RecordingRule(
             records["p99"],
-            f"histogram_quantile({number(red.quantile)}, "
-            f"sum by (le, {BY_VERSION}) (rate({bucket}[{window}])))",
+            _quantile(red.quantile, latency(("le", *by_version), window, "_bucket")),
         ),
-        RecordingRule(records["requests"], f"sum by ({BY_VERSION}) (increase({count}[{window}]))"),
+        RecordingRule(records["requests"], latency(by_version, window, "_count", "increase")),
         RecordingRule(
             records["accuracy"],
             f"sum by ({BY_VERSION}) (increase({catalog.LLM_EVAL_CORRECT_TOTAL}[{window}]))\n"
@@ -89,20 +91,15 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
             wilson_upper_expr(records["accuracy"], records["verdicts"], spec.rollback.confidence),
         ),
     ]
-    tokens_by = f"{catalog.LABEL_SERVED_REGION}, {BY_VERSION}"
+    tokens_by = (catalog.LABEL_SERVED_REGION, *by_version)
     for kind, record in tokens_rate_records(spec).items():
-        counter = source_name(spec, f"{kind}_tokens")
-        rules.append(RecordingRule(record, f"sum by ({tokens_by}) (rate({counter}[{red.window}]))"))
+        expr = aggregate(spec, f"{kind}_tokens", red.window, tokens_by)
+        rules.append(RecordingRule(record, expr))
     ttft = ttft_p99_record(spec)
     if ttft is not None:
-        ttft_base = source_name(spec, "time_to_first_token")
-        by = f"le, {catalog.LABEL_SERVED_REGION}, {catalog.LABEL_MODEL}"
-        rules.append(
-            RecordingRule(
-                ttft,
-                f"histogram_quantile(0.99, sum by ({by}) (rate({ttft_base}_bucket[{red.window}])))",
-            )
-        )
+        by = ("le", catalog.LABEL_SERVED_REGION, catalog.LABEL_MODEL)
+        buckets = aggregate(spec, "time_to_first_token", red.window, by, suffix="_bucket")
+        rules.append(RecordingRule(ttft, _quantile(0.99, buckets)))
     return [
         RuleGroup("redline-sli-recordings", spec.timing.evaluation_interval_seconds, tuple(rules))
     ]

@@ -26,7 +26,8 @@ from redline.rules.promtool_cases import (
     in_phases,
     request_counters,
 )
-from redline.rules.records import errors_total, request_duration, requests_total, slow_bound
+from redline.rules.records import slow_bound
+from redline.rules.signals import aggregate, indent
 from redline.slo import catalog
 from redline.slo.spec import Slo, Spec, parse_duration
 
@@ -62,35 +63,34 @@ def burn_rate_windows() -> list[int]:
 
 def slo_error_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL for an SLO's share of bad events over `window`."""
+    sel = slo.sli.selector
     match slo.sli.kind:
         case "slow_requests":
-            base = request_duration(spec)
             bound = slow_bound(spec, slo.sli.threshold_seconds)
-            good = selector(slo.sli.selector, le_matcher(bound))
-            total = selector(slo.sli.selector)
-            return (
-                f"1 - (\n  sum(rate({base}_bucket{good}[{window}]))\n  /\n"
-                f"  sum(rate({base}_count{total}[{window}]))\n)"
-            )
+            good = aggregate(
+                spec, "request_duration", window, suffix="_bucket", selector=sel,
+                matchers=[le_matcher(bound)],
+            )  # fmt: skip
+            total = aggregate(spec, "request_duration", window, suffix="_count", selector=sel)
+            return f"1 - (\n{indent(good)}\n  /\n{indent(total)}\n)"
         case "errors":
-            sel = selector(slo.sli.selector)
+            errors = aggregate(spec, "errors", window, selector=sel)
+            requests = aggregate(spec, "requests", window, selector=sel)
             # Engines create an error series at their first error (vLLM's status="5xx"): until
             # then no errors means a ratio of 0, not no ratio at all.
-            return (
-                f"(\n  sum(rate({errors_total(spec)}{sel}[{window}]))\n  or\n  vector(0)\n)\n/\n"
-                f"sum(rate({requests_total(spec)}{sel}[{window}]))"
-            )
+            return f"(\n{indent(errors)}\n  or\n  vector(0)\n)\n/\n{requests}"
 
 
 def slo_events_expr(spec: Spec, slo: Slo, window: str) -> str:
     """PromQL for an SLO's events over `window` (the burn-rate alerts' traffic guard)."""
-    sel = selector(slo.sli.selector)
+    sel = slo.sli.selector
     match slo.sli.kind:
         case "slow_requests":
-            total = f"{request_duration(spec)}_count"
+            return aggregate(
+                spec, "request_duration", window, suffix="_count", fn="increase", selector=sel
+            )
         case "errors":
-            total = requests_total(spec)
-    return f"sum(increase({total}{sel}[{window}]))"
+            return aggregate(spec, "requests", window, fn="increase", selector=sel)
 
 
 def build_slo_group(spec: Spec, slo: Slo) -> RuleGroup:

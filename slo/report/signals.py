@@ -52,7 +52,9 @@ def source_notes(spec: Spec) -> list[str]:
         if sources.version_from_registry()
         else ""
     )
-    notes = [f"{source}, read through the {catalog.source_record('*')} recordings{version}"]
+    notes = [
+        f"{source}, its own series read where they are, mapped onto the catalog's labels{version}"
+    ]
     # What cannot be measured first: it changes how every latency number above is read.
     for capability, why in sorted(
         profile.missing.items(), key=lambda item: item[0] != "p99_including_reroute"

@@ -44,9 +44,8 @@ def build_backfill_groups(spec: Spec, step: float) -> list[list[RuleGroup]]:
 
     `promtool tsdb create-blocks-from rules` evaluates every rule against the data already in
     Prometheus, never against what it is backfilling, so a recording of a recording needs the
-    pass before it loaded first. Engine profiles chain deepest: the version join, the mirror of
-    the engine's series (which reads the join), the quantiles and ratios over the mirror, then
-    what reads those.
+    pass before it loaded first. Engine profiles chain deepest: the version join, the quantiles
+    and ratios over the engine's series (which read the join), then what reads those.
     """
     groups = build_rule_groups(spec)
     recorded = {rule.record for group in groups for rule in group.recordings}

@@ -95,11 +95,11 @@ def test_every_panel_query_returns_data(
     assert not bad, f"{name}: queries without data:\n" + render_outcomes(bad)
 
 
-def test_panels_over_an_engine_read_only_its_series_through_the_mirror(
+def test_panels_over_an_engine_read_only_its_series_through_the_recordings(
     client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
 ) -> None:
     """Over vLLM Prometheus holds none of the gateway's request series: every request panel
-    that had data above read the engine's series through the rules' `redline:source:` mirror."""
+    that had data above read the engine's series through the recordings, which map them."""
     names = set(client.label_values("__name__", None, prometheus.start, prometheus.end))
     gateway = {catalog.LLM_REQUESTS_TOTAL.name, catalog.LLM_REQUEST_DURATION_SECONDS.bucket}
     gateway |= {catalog.LLM_GENERATED_TOKENS_TOTAL.name, catalog.LLM_REROUTES_TOTAL.name}
@@ -110,8 +110,8 @@ def test_panels_over_an_engine_read_only_its_series_through_the_mirror(
     engine = PROFILES[spec.sources.profile].series
     assert f"{engine['request_duration'].names[0]}_bucket" in names
     assert set(engine["errors"].names) <= names
-    mirrored = catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.bucket)
-    assert {mirrored, catalog.MODEL_ACTIVE_VERSION_RECORD} <= names
+    assert {p99_record(spec), catalog.MODEL_ACTIVE_VERSION_RECORD} <= names
+    assert not [name for name in names if name.startswith("redline:source:")]
 
 
 def test_region_variable_lists_the_spec_regions_and_filters(

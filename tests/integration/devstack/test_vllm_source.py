@@ -23,9 +23,9 @@ from redline.devstack.layout import build_endpoints, build_ported_parts, simulat
 from redline.devstack.processes import start_prometheus
 from redline.generate.outputs import RULE_FILE, RULES_DIR, build_outputs
 from redline.platform.prometheus import PrometheusClient
-from redline.rules.records import p99_record
-from redline.slo import catalog
+from redline.rules.records import p99_record, rollback_records
 from redline.slo.load import apply_profile, load_spec
+from redline.slo.sources import PROFILES
 from tests.support.stack import redline
 
 pytestmark = pytest.mark.integration
@@ -150,8 +150,8 @@ PODS = 2
 def test_prometheus_scrapes_each_region_and_the_generated_rules_fire_on_its_p99(
     tmp_path: Path,
 ) -> None:
-    """Two pods per region, each scraped with its `region` and `pod`: the mirror keeps each
-    pod's series, the recorded P99 is one per region over both pods."""
+    """Two pods per region, each scraped with its `region` and `pod`: the rules read each pod's
+    own series, the recorded P99 is one per region over both pods."""
     spec = build_source_spec(apply_profile(load_spec().spec, "local"), "vllm")
     regions = spec.regions
     sims = {
@@ -175,8 +175,9 @@ def test_prometheus_scrapes_each_region_and_the_generated_rules_fire_on_its_p99(
         prometheus = start_prometheus(tmp_path / "prom", tmp_path / "prometheus.yml")
         try:
             threshold = spec.red_lines.latency_p99.threshold_seconds
+            by_version = rollback_records(spec)["requests"]
             _drive_until_the_red_line_fires(
-                threshold, sims, regions, prometheus.url, p99_record(spec)
+                threshold, sims, regions, prometheus.url, p99_record(spec), by_version
             )
         finally:
             prometheus.stop()
@@ -191,6 +192,7 @@ def _drive_until_the_red_line_fires(
     regions: tuple[str, ...],
     prometheus_url: str,
     record: str,
+    by_version: str,
 ) -> None:
     primary, secondary = regions[0], regions[1]
     slow = {"latency": {"base_seconds": threshold + 0.1}}
@@ -223,16 +225,18 @@ def _drive_until_the_red_line_fires(
         assert len(series) == len(p99) == 2, series  # one per region, not one per pod
         assert not any("pod" in s for s, _ in series), series
         assert p99[primary] > threshold and p99[secondary] < threshold, p99
-        mirror = catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.name) + "_count"
-        labels = [s for s, _ in prom.instant(mirror)]
-        assert {(s["region"], s["served_region"], s["rerouted"], s["model"]) for s in labels} >= {
-            (primary, primary, "false", ADAPTER),
-            (secondary, secondary, "false", ADAPTER),
-        }
-        # Each pod's series stays its own (a counter reset on one pod must not touch another).
+        # The engine's series are read where they are: each pod's stays its own (a counter reset
+        # on one pod must not touch another), and no rule copies them.
+        raw = f"{PROFILES['vllm'].series['request_duration'].names[0]}_count"
+        labels = [s for s, _ in prom.instant(raw)]
         assert {s["pod"] for s in labels} == {f"{r}-{i}" for r in regions for i in range(PODS)}
-        # No model_active_info here (no exporter): the registry's version is unknown.
-        assert {s["model_version"] for s in labels} == {"unknown"}
+        copied = prom.instant('count({__name__=~"redline:source:.+"})')
+        assert not copied, copied
+        # Mapped onto the catalog's labels inside the sums; no model_active_info here (no
+        # exporter): the registry's version is unknown.
+        versions = {(s["model"], s["model_version"]) for s, _ in prom.instant(by_version)}
+        assert (ADAPTER, "unknown") in versions, versions
+        assert {version for _, version in versions} == {"unknown"}, versions
 
 
 def test_up_refuses_a_source_it_cannot_simulate_before_anything_starts(tmp_path: Path) -> None:

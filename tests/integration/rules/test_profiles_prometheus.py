@@ -47,6 +47,7 @@ from redline.rules.build import build_rule_groups
 from redline.rules.families.slo import BURN_WINDOWS, burn_factor
 from redline.rules.model import AlertRule, format_duration
 from redline.rules.render import render_rule_file
+from redline.rules.signals import aggregate
 from redline.slo import catalog
 from redline.slo.load import apply_profile, load_spec
 from redline.slo.sources import PROFILES
@@ -148,13 +149,14 @@ class Stack:
         queries = {
             "p99 by region": records.p99_record(self.spec),
             "latency SLO 5m": f'{catalog.slo_errors_record("5m")}{{slo="latency"}}',
-            "latency buckets mirrored": "count by (le) ("
-            f"{catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.bucket)})",
+            "latency buckets read": aggregate(
+                self.spec, "request_duration", "5m", ("le",), suffix="_bucket"
+            ),
             "availability 5m": f'{catalog.slo_errors_record("5m")}{{slo="availability"}}',
             "availability 1h": f'{catalog.slo_errors_record("1h")}{{slo="availability"}}',
             "events 1h": f'{catalog.slo_events_record("1h")}{{slo="availability"}}',
-            "requests mirror": f"sum({catalog.source_record(catalog.LLM_REQUESTS_TOTAL.name)})",
-            "errors mirror": f"sum({catalog.source_record(catalog.LLM_REQUEST_ERRORS_TOTAL.name)})",
+            "requests read": aggregate(self.spec, "requests", "5m"),
+            "errors read": aggregate(self.spec, "errors", "5m"),
             "active version": catalog.MODEL_ACTIVE_VERSION_RECORD,
             "p99 by version": by_version["p99"],
             "requests by version": by_version["requests"],
@@ -253,6 +255,13 @@ def profile_stack(profile: str, workdir: Path) -> Iterator[Stack]:
         yield Stack(profile, spec, engine, client, registry, cache, probe, tally, snapshots)
 
 
+def _total(spec: Spec, signal: str) -> str:
+    """The engine's counter for `signal`, summed over all its series (its whole life so far)."""
+    found = spec.sources.resolve().series(signal)
+    assert found is not None
+    return " + ".join(f"sum({found.selector(name)})" for name in found.names)
+
+
 def _has(stack: Stack, query: str) -> Callable[[], bool]:
     return lambda: bool(stack.prometheus.instant(query))
 
@@ -261,7 +270,9 @@ def run_scenarios(stack: Stack) -> None:
     """Drive the three scenarios of one profile; AssertionError with evidence on any failure."""
     spec = stack.spec
     region = stack.region
-    requests_mirror = catalog.source_record(catalog.LLM_REQUESTS_TOTAL.name)
+    # The engine's counters as the rules read them (summed over their whole life: `sum by ()`
+    # of the raw counters, their labels mapped) and the red line's window of them.
+    window_requests = records.window_requests_record(spec)
     availability = next(slo for slo in spec.slos if slo.sli.kind == "errors")
     page = {"slo": availability.name, "severity": "page"}
     budget = 1 - availability.objective
@@ -272,9 +283,9 @@ def run_scenarios(stack: Stack) -> None:
     ]
     by_version = records.rollback_records(spec)
 
-    # Baseline: a little good traffic, scraped and mirrored, v1 active.
+    # Baseline: a little good traffic, scraped and read by the rules, v1 active.
     stack.push(FAST, 40)
-    stack.wait(_has(stack, requests_mirror), 30, "requests mirrored")
+    stack.wait(_has(stack, window_requests), 30, "requests read by the rules")
     stack.wait(
         _has(stack, f'{catalog.MODEL_ACTIVE_VERSION_RECORD}{{model_version="v1"}}'),
         30,
@@ -359,8 +370,8 @@ def run_scenarios(stack: Stack) -> None:
     )
     # Every page condition must end (14.4x over 1h/5m, 6x over 6h/30m: the whole test is inside
     # each window): good requests until failures are 2/3 of the slowest page burn's share.
-    errors = stack.value(f"sum({catalog.source_record(catalog.LLM_REQUEST_ERRORS_TOTAL.name)})")
-    served = stack.value(f"sum({requests_mirror})")
+    errors = stack.value(_total(spec, "errors"))
+    served = stack.value(_total(spec, "requests"))
     assert errors and served, stack.evidence()
     flood = int(errors / (min(page_factors) * budget * 2 / 3) - served)
     stack.push(FAST, max(flood, 1000), waves=4)

@@ -10,8 +10,7 @@ from typer.testing import CliRunner
 
 from redline.cli import sources as sources_cli
 from redline.cli.main import app
-from redline.slo import catalog
-from redline.slo.sources import CANONICAL, PROFILE_NAMES, PROFILES
+from redline.slo.sources import PROFILE_NAMES, PROFILES
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +37,7 @@ def test_a_profile_lists_its_series_labels_and_gaps(name: str) -> None:
     for reason in profile.missing.values():
         assert reason in output
     if profile.mirrored:
-        for signal in profile.series:
-            assert f"-> {catalog.source_record(CANONICAL[signal].name)}" in output
+        assert output.count("-> mapped onto the catalog's labels") == len(profile.series)
         for label, engine in profile.labels.items():
             assert f"{label} <- {engine}" in output
     else:

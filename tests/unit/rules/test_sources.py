@@ -1,6 +1,7 @@
-"""The source mirror and the per-profile promtool inputs: names that never shadow an engine's,
-label mapping, the version join, no aggregation of raw counters, and raw series that the
-profile's selectors read."""
+"""Reading an engine's series where they are (`redline.rules.signals`) and the per-profile
+promtool inputs: names that never shadow an engine's, no engine series copied, rates taken on
+raw series, label mapping inside the sums, the version join after them, SLI selectors on the
+engine's labels, and raw series that the profile's selectors read."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import pytest
 
 from redline.rules.build import build_rule_groups, build_rule_tests
-from redline.rules.families import sources as mirror
+from redline.rules.families import sources
 from redline.rules.families.rollback import wilson_upper
 from redline.rules.families.slo import slo_error_ratio_expr
 from redline.rules.model import RecordingRule
@@ -21,12 +22,15 @@ from redline.rules.promtool_cases import (
     request_counters,
     satisfying,
 )
+from redline.rules.signals import NOTHING, aggregate
 from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.sources import PROFILE_NAMES, PROFILES, SIGNAL_KINDS
 from redline.slo.spec import SeriesOverride, Sources, Spec
 
 ENGINE_PROFILES = [name for name in PROFILE_NAMES if name != "redline-gateway"]
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+RATE_ARGUMENT = re.compile(r"\b(rate|increase)\(")
 
 
 def profile_spec(profile: str, **sources: object) -> Spec:
@@ -41,19 +45,21 @@ def _records(spec: Spec) -> list[RecordingRule]:
     return [rule for group in build_rule_groups(spec) for rule in group.recordings]
 
 
-def _mirror(spec: Spec) -> dict[str, str]:
-    return {rule.record: rule.expr for rule in mirror.build_source_rules(spec.sources.resolve())}
-
-
-def _engine_series_names() -> set[str]:
+def _engine_series_names(profile: str | None = None) -> set[str]:
     names = set()
-    for profile in PROFILES.values():
-        for signal, found in profile.series.items():
+    for name_of, found_profile in PROFILES.items():
+        if profile is not None and name_of != profile:
+            continue
+        for signal, found in found_profile.series.items():
             for name in found.names:
                 names.add(name)
                 if SIGNAL_KINDS[signal] == "histogram":
-                    names.update(f"{name}{suffix}" for suffix in mirror.HISTOGRAM_SUFFIXES)
+                    names.update(f"{name}{suffix}" for suffix in HISTOGRAM_SUFFIXES)
     return names
+
+
+def _reads(expr: str, name: str) -> bool:
+    return re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", expr) is not None
 
 
 @pytest.mark.parametrize("profile", PROFILE_NAMES)
@@ -67,84 +73,103 @@ def test_no_record_shadows_a_series_of_any_profile(profile: str) -> None:
 
 def test_the_gateway_reads_every_signal_as_it_is() -> None:
     spec = load_spec().spec
-    assert mirror.build_rules(spec) == []
-    assert not any(catalog.source_record("") in rule.expr for rule in _records(spec))
+    assert sources.build_rules(spec) == []
+    text = " ".join(rule.expr for rule in _records(spec))
+    assert "source_series" not in text and catalog.MODEL_ACTIVE_VERSION_RECORD not in text
 
 
 @pytest.mark.parametrize("profile", ENGINE_PROFILES)
-def test_an_engine_profile_mirrors_every_signal_it_has(profile: str) -> None:
+def test_an_engine_profile_copies_no_series_and_records_only_aggregates(profile: str) -> None:
+    """Every recording that reads an engine series sums it (or is the active-version join
+    key): none of them is one series per raw series, as a mirror of the engine's was."""
     spec = profile_spec(profile)
-    records = list(_mirror(spec))
-    assert records[0] == catalog.MODEL_ACTIVE_VERSION_RECORD  # first: later rules see it
-    expected = [catalog.MODEL_ACTIVE_VERSION_RECORD]
-    for signal, metric in mirror.CANONICAL.items():
-        if signal not in PROFILES[profile].series:
-            continue
-        suffixes = mirror.HISTOGRAM_SUFFIXES if SIGNAL_KINDS[signal] == "histogram" else ("",)
-        expected += [catalog.source_record(metric.name) + suffix for suffix in suffixes]
-    assert records == expected
-    # Everything downstream reads the mirror, never the engine's names.
-    downstream = " ".join(
-        rule.expr for group in build_rule_groups(spec)[1:] for rule in group.rules
+    (group,) = sources.build_rules(spec)
+    assert [rule.record for rule in group.recordings] == [catalog.MODEL_ACTIVE_VERSION_RECORD]
+    engine = _engine_series_names(profile)
+    reading = [
+        rule
+        for rule in _records(spec)
+        if any(_reads(rule.expr, name) for name in engine)
+        and rule.record != catalog.MODEL_ACTIVE_VERSION_RECORD
+    ]
+    assert reading
+    for rule in reading:
+        assert re.search(r"\b(sum|histogram_quantile)\b", rule.expr), rule.record
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+def test_rates_are_taken_on_raw_series_before_any_sum(profile: str) -> None:
+    """A counter reset stays on its own series: every rate()/increase() of a rule reads a
+    selector, never an aggregation or a label_replace."""
+    for group in build_rule_groups(profile_spec(profile)):
+        for rule in group.rules:
+            for found in RATE_ARGUMENT.finditer(rule.expr):
+                argument = rule.expr[found.end() :].split("[", 1)[0]
+                assert "(" not in argument, (rule.expr, argument)
+
+
+def test_vllm_labels_are_mapped_inside_the_sums_and_the_version_joined_after() -> None:
+    spec = profile_spec("vllm")
+    by_version = aggregate(
+        spec, "request_duration", "5m", ("le", "model", "model_version"), suffix="_bucket"
     )
-    for found in PROFILES[profile].series.values():
-        for name in found.names:
-            assert not re.search(rf"(?<![\w:]){re.escape(name)}(?![\w:])", downstream), name
-
-
-@pytest.mark.parametrize("profile", ENGINE_PROFILES)
-def test_the_mirror_never_aggregates(profile: str) -> None:
-    for record, expr in _mirror(profile_spec(profile)).items():
-        if record == catalog.MODEL_ACTIVE_VERSION_RECORD:
-            continue  # an info series, not a counter
-        for function in ("sum", "rate", "increase", "max", "min", "avg", "count"):
-            assert not re.search(rf"\b{function}\s*(by|without)?\s*\(", expr), (record, function)
-
-
-def test_vllm_labels_are_mapped_and_the_version_joined() -> None:
-    mirrors = _mirror(profile_spec("vllm"))
-    expr = mirrors[catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.name) + "_bucket"]
-    assert "vllm:e2e_request_latency_seconds_bucket,\n" in expr
-    assert '"model", "$1", "model_name", "(.*)"' in expr
-    assert '"served_region", "$1", "region", "(.*)"' in expr
-    assert '"rerouted", "false", "", ""' in expr
-    assert f"* on (model) group_left (model_version) {catalog.MODEL_ACTIVE_VERSION_RECORD}" in expr
-    assert f"unless on (model) {catalog.MODEL_ACTIVE_VERSION_RECORD}" in expr
-    assert '"model_version", "unknown", "", ""' in expr
-    tokens = mirrors[catalog.source_record(catalog.LLM_GENERATED_TOKENS_TOTAL.name)]
-    assert "rerouted" not in tokens  # not a label of the canonical token counter
-    active = mirrors[catalog.MODEL_ACTIVE_VERSION_RECORD]
+    assert "rate(vllm:e2e_request_latency_seconds_bucket[5m])" in by_version
+    assert '"model", "$1", "model_name", "(.*)"' in by_version
+    assert by_version.index("sum by (le, model) (") < by_version.index("group_left")
+    assert f"* on (model) group_left (model_version) {catalog.MODEL_ACTIVE_VERSION_RECORD}" in (
+        by_version
+    )
+    tokens = aggregate(spec, "generated_tokens", "5m", ("served_region", "model", "model_version"))
+    assert '"served_region", "$1", "region", "(.*)"' in tokens
+    assert "rerouted" not in tokens
+    # Only the labels a sum keeps are mapped.
+    by_region = aggregate(spec, "request_duration", "5m", ("le", "region"), suffix="_bucket")
+    assert "label_replace" not in by_region and "group_left" not in by_region
+    (group,) = sources.build_rules(spec)
+    active = group.recordings[0].expr
     assert active.startswith("topk by (model) (")
     assert "max by (model, model_version) (" in active
     assert f'{catalog.MODEL_ACTIVE_INFO},\n      "model_version", "$1", "version", "(.*)"' in active
+    assert "or on (model)\nlabel_replace(\n  group by (model) (" in active
+    assert '"model_version", "unknown", "", ""' in active
 
 
 def test_several_names_stay_distinct_series() -> None:
-    expr = _mirror(profile_spec("nim"))[catalog.source_record(catalog.LLM_REQUESTS_TOTAL.name)]
+    expr = aggregate(profile_spec("nim"), "requests", "5m", ("region",))
     assert '"source_series", "request_success_total", "", ""' in expr
     assert '"source_series", "request_failure_total", "", ""' in expr
-    assert re.search(r"\n *or\n *label_replace\(\n *request_failure_total,", expr)
+    assert re.search(r"\n *or\n *label_replace\(\n *rate\(request_failure_total\[5m\]\),", expr)
 
 
 def test_a_constant_model_and_an_engine_version_label() -> None:
-    tgi = _mirror(profile_spec("tgi"))[catalog.source_record(catalog.LLM_REQUESTS_TOTAL.name)]
+    tgi = aggregate(profile_spec("tgi"), "requests", "5m", ("model",))
     assert '"model", "chat", "", ""' in tgi
     own = profile_spec("vllm", labels={"model_version": "adapter", "region": "cluster"})
-    expr = _mirror(own)[catalog.source_record(catalog.LLM_REQUESTS_TOTAL.name)]
+    expr = aggregate(own, "requests", "5m", ("region", "model_version"))
     assert '"model_version", "$1", "adapter", "(.*)"' in expr
     assert '"region", "$1", "cluster", "(.*)"' in expr
     assert "group_left" not in expr
-    assert catalog.MODEL_ACTIVE_VERSION_RECORD not in _mirror(own)
+    assert sources.build_rules(own) == []
 
 
-def test_a_gateway_override_with_matchers_is_mirrored_without_mapping() -> None:
+def test_sli_selectors_read_the_engines_labels() -> None:
+    vllm = profile_spec("vllm")
+    expr = aggregate(vllm, "request_duration", "5m", suffix="_count", selector={"model": "m3"})
+    assert 'vllm:e2e_request_latency_seconds_count{model_name="m3"}' in expr
+    version = aggregate(vllm, "requests", "5m", selector={"model_version": "v2"})
+    assert f'{catalog.MODEL_ACTIVE_VERSION_RECORD}{{model_version="v2"}}' in version
+    tgi = profile_spec("tgi")
+    assert aggregate(tgi, "requests", "5m", selector={"model": "other"}) == NOTHING
+    assert "{}" not in aggregate(tgi, "requests", "5m", selector={"model": "chat"})
+
+
+def test_a_gateway_override_with_matchers_is_read_without_mapping() -> None:
     spec = profile_spec(
         "redline-gateway",
         series={"errors": SeriesOverride(names=("llm_failures_total",), matchers=('code="5"',))},
     )
-    assert _mirror(spec) == {
-        catalog.source_record(catalog.LLM_REQUEST_ERRORS_TOTAL.name): 'llm_failures_total{code="5"}'
-    }
+    assert aggregate(spec, "errors", "5m") == 'sum(rate(llm_failures_total{code="5"}[5m]))'
+    assert sources.build_rules(spec) == []
 
 
 @pytest.mark.parametrize(
