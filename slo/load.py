@@ -385,10 +385,14 @@ def apply_profile(spec: Spec, profile: str | None) -> Spec:
             }
         )
         update["rollback"] = spec.rollback.model_copy(update={"for_seconds": for_seconds})
-    min_samples = changes.get("rollback_min_samples")
-    if min_samples is not None:
+    guards = {
+        field: changes[f"rollback_{field}"]
+        for field in ("min_samples", "min_eval_samples")
+        if changes.get(f"rollback_{field}") is not None
+    }
+    if guards:
         rollback = update.get("rollback", spec.rollback)
-        update["rollback"] = rollback.model_copy(update={"min_samples": min_samples})
+        update["rollback"] = rollback.model_copy(update=guards)
     breakers = {
         field: changes[f"breaker_{field}"]
         for field in ("window", "open_for")

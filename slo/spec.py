@@ -442,6 +442,12 @@ class TimingOverride(_Model):
         "requests of one version in minutes; the drills prove the guard at this count, the "
         "promtool cases at the spec's).",
     )
+    rollback_min_eval_samples: int | None = Field(
+        None,
+        gt=0,
+        description="Overrides `rollback.min_eval_samples` (the local golden probe's verdicts "
+        "gather slower than a fleet's evaluators').",
+    )
 
 
 SpotProvider = Literal["aws", "gcp"]
