@@ -31,6 +31,7 @@ LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli.dashboards": ("dashboards",),
     "redline.cli.compose": ("compose",),
     "redline.cli.prompts": ("prompts",),
+    "redline.cli.explain": ("explain",),
 }
 """Module → the top-level commands its `register(app)` adds."""
 
