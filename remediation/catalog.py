@@ -8,19 +8,20 @@ settings' `playbook_classes`, the default factory and loading a factory by `modu
 `module:ClassName` reference of the `playbook_classes` setting: that `PlaybookClasses` is the
 one list of playbooks, and the spec's playbook names are checked against it.
 
-`build_registry(settings)` is the default factory: it builds every one of those classes with
+`open_registry(settings)` is the default factory: it builds every one of those classes with
 `from_settings(settings, options)`, `options` being its `playbook_options.<name>` validated
 against its `Options`. A playbook whose section is not configured is still registered;
 `redline remediation` refuses to start while an enabled one (mode act or shadow) reports a
 missing setting (`Playbook.settings_problems`) or options that do not validate, naming the
 field. A deployment or a test names another factory with the `playbooks` setting
 (`--playbooks`, `REDLINE_PLAYBOOKS`); such a factory decides its playbooks itself (it may call
-`build_registry` and register more).
+`open_registry` and register more).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import cast
@@ -146,10 +147,22 @@ def load_playbooks(classes: PlaybookClasses, settings: RemediationSettings) -> P
     return PlaybookRegistry(playbooks, orphans)
 
 
-def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
+def open_registry(settings: RemediationSettings) -> PlaybookRegistry:
     """The default factory: every playbook class (`load_playbook_classes` of the settings'
-    `playbook_classes`) wired to its dependencies from `settings`."""
+    `playbook_classes`, entry points included) wired to its dependencies from `settings`."""
     return load_playbooks(load_playbook_classes(settings.playbook_classes), settings)
+
+
+def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
+    """`open_registry` under its old name (it imports modules and opens clients: not pure);
+    kept for one release for settings naming `...catalog:build_registry`."""
+    warnings.warn(
+        "redline.remediation.catalog:build_registry is now open_registry (the old name goes in "
+        "the next release)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return open_registry(settings)
 
 
 def load_registry(reference: str, settings: RemediationSettings) -> PlaybookRegistry:

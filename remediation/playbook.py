@@ -58,7 +58,7 @@ Two explicit registries, both built by the caller, never global:
 - `PlaybookRegistry`: name -> playbook instance, what the worker runs. Instances carry their
   dependencies (adapters, URLs). The CLI builds it with the factory named by the `playbooks`
   setting (`module:function`, called with the `RemediationSettings`; default
-  `redline.remediation.catalog:build_registry`, which builds every class of `PlaybookClasses`
+  `redline.remediation.catalog:open_registry`, which builds every class of `PlaybookClasses`
   with `from_settings`). A factory of one's own may also build it by hand:
   `PlaybookRegistry([MyPlaybook(adapter)])`.
 

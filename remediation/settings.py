@@ -15,7 +15,7 @@ from redline.platform.routing import DEFAULT_PREFIX as ROUTING_PREFIX
 from redline.slo.spec import PlaybookPolicy
 
 DEFAULT_PORT = 9095
-DEFAULT_REGISTRY = "redline.remediation.catalog:build_registry"
+DEFAULT_REGISTRY = "redline.remediation.catalog:open_registry"
 
 
 # ---------------------------------------------------------------------------------------------

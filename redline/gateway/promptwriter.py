@@ -116,7 +116,7 @@ class PromptLogWriter:
             log.error("prompt log: %d records not written: %s", len(items), exc)
 
 
-def build_prompt_log_writer(settings: PromptLogSettings, redis_url: str) -> PromptLogWriter | None:
+def open_prompt_log_writer(settings: PromptLogSettings, redis_url: str) -> PromptLogWriter | None:
     """The gateway's writer when `settings.enabled` (not started), else None."""
     if not settings.enabled:
         return None

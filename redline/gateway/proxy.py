@@ -63,7 +63,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from redline.core.failover import RETRY_AFTER
 from redline.gateway.metrics import REROUTE_REASONS, GatewayMetrics
-from redline.gateway.promptwriter import build_prompt_log_writer
+from redline.gateway.promptwriter import open_prompt_log_writer
 from redline.gateway.quotas import Admission, QuotaGate, QuotaTicket, rewrite_model
 from redline.gateway.routing import RegionRouter
 from redline.gateway.settings import GatewaySettings
@@ -185,7 +185,7 @@ class Gateway:
             )
         self._pools: dict[str, UpstreamPool] = {}
         # None unless prompt_log.enabled: then the only per-request cost is a queue put.
-        self.prompt_log = build_prompt_log_writer(settings.prompt_log, settings.redis_url)
+        self.prompt_log = open_prompt_log_writer(settings.prompt_log, settings.redis_url)
 
     async def start(self) -> None:
         """Open the upstream pools, the routing reader and the ledger; read the routing once."""

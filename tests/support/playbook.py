@@ -1,4 +1,4 @@
-"""Helpers of the built-in playbook tests: the real registry (`catalog.build_registry`) in worker
+"""Helpers of the built-in playbook tests: the real registry (`catalog.open_registry`) in worker
 threads or a worker process, simulated regions behind the real gateway, alert delivery."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import yaml
 from redline.core.servers import ServerThread, serve_in_thread
 from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
 from redline.gateway import GatewaySettings, build_gateway_app
-from redline.remediation.catalog import build_registry
+from redline.remediation.catalog import open_registry
 from redline.remediation.jobs import Job
 from redline.remediation.models import Alert, job_id_for
 from redline.remediation.settings import RemediationSettings
@@ -37,7 +37,7 @@ from tests.support.remediation import (
     worker_threads,
 )
 
-REAL_REGISTRY = "redline.remediation.catalog:build_registry"
+REAL_REGISTRY = "redline.remediation.catalog:open_registry"
 
 
 def playbook_settings(redis_url: str, **overrides: Any) -> RemediationSettings:
@@ -48,7 +48,7 @@ def playbook_settings(redis_url: str, **overrides: Any) -> RemediationSettings:
 @contextmanager
 def real_workers(settings: RemediationSettings, count: int = 1) -> Iterator[list[Worker]]:
     """`count` worker threads on the built-in registry, stopped and joined on exit."""
-    with worker_threads(settings, build_registry, count, "playbook-worker", 30) as running:
+    with worker_threads(settings, open_registry, count, "playbook-worker", 30) as running:
         yield running
 
 
@@ -61,7 +61,7 @@ def worker_process(
     a policy): the worker refuses to start while an enabled playbook lacks a setting."""
     off = {
         playbook.name: PlaybookPolicy(mode="off")
-        for playbook in build_registry(settings)
+        for playbook in open_registry(settings)
         if playbook.settings_problems() and playbook.name not in settings.policies
     }
     settings = settings.model_copy(update={"policies": {**off, **settings.policies}})

@@ -3,8 +3,8 @@ the receiver on a real uvicorn server in a thread, worker threads and worker pro
 
 The playbooks do checkable work in Redis under `rt:` keys: they count every execution, so a
 test sees exactly how often a step ran, and they are idempotent the way the framework asks.
-`build_registry` is the factory a worker subprocess loads with
-`--playbooks tests.support.remediation:build_registry`.
+`open_registry` is the factory a worker subprocess loads with
+`--playbooks tests.support.remediation:open_registry`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from redline.slo.spec import Receiver
 TOKEN = "s3cret-webhook-token-for-tests"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 REPO = Path(__file__).resolve().parents[2]
-REGISTRY_REF = "tests.support.remediation:build_registry"
+REGISTRY_REF = "tests.support.remediation:open_registry"
 
 
 class CounterPlaybook(Playbook):
@@ -250,7 +250,7 @@ class CheckPlaybook(Playbook):
         return StepResult(bool(ctx.redis.get(f"rt:changed:{ctx.target}")), "changed")
 
 
-def build_registry(settings: RemediationSettings) -> PlaybookRegistry:
+def open_registry(settings: RemediationSettings) -> PlaybookRegistry:
     """The test playbooks."""
     return PlaybookRegistry(
         [CounterPlaybook(), SlowPlaybook(), FlakyPlaybook(), BrokenPlaybook(), WaitPlaybook(),
@@ -366,7 +366,7 @@ def worker_threads(
 @contextmanager
 def workers(settings: RemediationSettings, count: int = 1) -> Iterator[list[Worker]]:
     """`count` worker threads on the test registry, stopped and joined on exit."""
-    with worker_threads(settings, build_registry, count, "test-worker", 15) as running:
+    with worker_threads(settings, open_registry, count, "test-worker", 15) as running:
         yield running
 
 

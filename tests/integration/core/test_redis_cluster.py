@@ -67,7 +67,7 @@ from tests.support.redis_cluster import (
     start_partial_cluster,
     start_redis_cluster,
 )
-from tests.support.remediation import AUTH, TOKEN, alert, build_registry, make_settings, payload
+from tests.support.remediation import AUTH, TOKEN, alert, make_settings, open_registry, payload
 
 DIM = 8
 
@@ -250,7 +250,7 @@ def test_receiver_job_store_and_worker_on_the_cluster(
     assert set(ids) == {"00000000000000c1", "00000000000000c3"}
 
     # A worker on a Cluster client claims each job from the stream, runs it, settles it.
-    worker = Worker(settings, build_registry(settings), client, name="cluster-worker")
+    worker = Worker(settings, open_registry(settings), client, name="cluster-worker")
     deadline = time.monotonic() + 30
     while not all(
         (job := store.get(job_id)) is not None and job.status in TERMINAL for job_id in ids.values()

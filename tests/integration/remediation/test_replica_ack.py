@@ -24,8 +24,8 @@ from redline.remediation.settings import RemediationSettings
 from redline.remediation.worker import Worker
 from tests.support.remediation import (
     alert,
-    build_registry,
     make_settings,
+    open_registry,
     payload,
     post,
     receiver,
@@ -105,10 +105,10 @@ def _settings(pair: Replicated, tmp_path: Path, replicas: int) -> RemediationSet
 def test_the_worker_takes_the_specs_setting(pair: Replicated, tmp_path: Path) -> None:
     client = redis.Redis.from_url(pair.url, decode_responses=True)
     settings = _settings(pair, tmp_path, 1)
-    worker = Worker(settings, build_registry(settings), client)
+    worker = Worker(settings, open_registry(settings), client)
     assert (worker.audit.min_replicas_ack, worker.audit.ack_timeout_ms) == (1, TIMEOUT_MS)
     plain = make_settings(pair.url)
-    assert Worker(plain, build_registry(plain), client).audit.min_replicas_ack == 0
+    assert Worker(plain, open_registry(plain), client).audit.min_replicas_ack == 0
     client.close()
 
 
@@ -128,7 +128,7 @@ def test_a_job_whose_records_are_not_acknowledged_is_reclaimed_not_done(
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert "min_replicas_ack" in refused.json()["message"]
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    worker = Worker(settings, build_registry(settings), client, name="unacked-worker")
+    worker = Worker(settings, open_registry(settings), client, name="unacked-worker")
     with pytest.raises(ReplicaAckError, match="not acknowledged"):
         worker.run_once(block_ms=100)
     job = store.get(job_id)

@@ -40,7 +40,7 @@ from redline.platform.index.settings import IndexSettings
 from redline.platform.sessions import SessionSettings
 from redline.platform.spot import RBAC_RULES, SCALE_RBAC_RULES
 from redline.remediation.app import build_receiver_app
-from redline.remediation.catalog import build_registry
+from redline.remediation.catalog import open_registry
 from redline.remediation.guards import build_startup_problems, load_policies
 from redline.remediation.settings import RemediationSettings
 from redline.rules.alertmanager import build_alertmanager_config, build_prometheus_rule
@@ -432,7 +432,7 @@ def test_the_receiver_starts_with_its_settings(
     settings = _load(manifests, "remediation", tmp_path, monkeypatch)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # in a pod, the kubelet sets it
     settings = settings.model_copy(update={"spec": None})
-    problems = build_startup_problems(build_registry(settings), load_policies(None, None, {}))
+    problems = build_startup_problems(open_registry(settings), load_policies(None, None, {}))
     assert problems == []
     assert settings.workers == 2
 

@@ -61,10 +61,20 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 def test_entry_points_that_did_not_move_import_from_their_old_paths() -> None:
     from redline.exporters.drift import DriftProbe
     from redline.platform.sessions import SessionWriter
-    from redline.remediation.catalog import build_registry
+    from redline.remediation.catalog import open_registry
     from redline.remediation.playbook import PlaybookRegistry
 
     assert DriftProbe.__module__ == "redline.exporters.drift"
     assert SessionWriter.__module__ == "redline.platform.sessions"
     assert PlaybookRegistry.__module__ == "redline.remediation.playbook"
-    assert build_registry.__module__ == "redline.remediation.catalog"
+    assert open_registry.__module__ == "redline.remediation.catalog"
+
+
+def test_the_old_factory_name_warns_and_builds_the_same_registry() -> None:
+    from redline.remediation.catalog import build_registry, open_registry
+    from redline.remediation.settings import RemediationSettings
+
+    settings = RemediationSettings()
+    with pytest.warns(DeprecationWarning, match="build_registry is now open_registry"):
+        old = build_registry(settings)
+    assert old.names() == open_registry(settings).names()

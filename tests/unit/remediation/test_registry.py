@@ -21,11 +21,11 @@ from redline.cli.remediation import remediation_app
 from redline.core.settings import SettingsError, load_settings
 from redline.remediation.catalog import (
     BUILTIN_PLAYBOOKS,
-    build_registry,
     builtin_playbook_names,
     load_known_playbooks,
     load_playbook_classes,
     load_playbooks,
+    open_registry,
 )
 from redline.remediation.guards import Policies, build_startup_problems, load_policies
 from redline.remediation.playbook import (
@@ -125,7 +125,7 @@ def _subclass(class_name: str, **attributes: Any) -> type[Playbook]:
 def test_the_spec_s_built_in_names_are_the_built_in_classes() -> None:
     # slo keeps the names for the pure layers (dashboards) and `redline validate`: the same.
     assert builtin_playbook_names() == PLAYBOOK_NAMES
-    assert tuple(playbook.name for playbook in build_registry(RemediationSettings())) == (
+    assert tuple(playbook.name for playbook in open_registry(RemediationSettings())) == (
         PLAYBOOK_NAMES
     )
     classes = load_playbook_classes(entries=[])
@@ -234,10 +234,10 @@ def test_options_are_typed_and_their_errors_name_the_setting_and_the_allowed_val
 
 def test_spot_drain_options_are_validated_when_the_registry_is_built() -> None:
     settings = RemediationSettings(playbook_options={"spot_drain": {"time_scale": 0.5}})
-    spot = build_registry(settings).get("spot_drain")
+    spot = open_registry(settings).get("spot_drain")
     assert isinstance(spot, SpotDrain) and spot.options.time_scale == 0.5
     bad = RemediationSettings(playbook_options={"spot_drain": {"time_scale": 5, "colour": 1}})
-    stand_in = build_registry(bad).get("spot_drain")
+    stand_in = open_registry(bad).get("spot_drain")
     assert isinstance(stand_in, MisconfiguredPlaybook)
     assert (stand_in.name, stand_in.target_label) == ("spot_drain", "node")
     assert list(stand_in.settings_problems()) == [
@@ -275,7 +275,7 @@ def test_a_user_class_is_built_from_the_settings_and_its_options() -> None:
         playbook_classes=[f"{__name__}:Mark", f"{__name__}:Bare"],
         playbook_options={"mark": {"marker": "restarted"}},
     )
-    registry = build_registry(settings)
+    registry = open_registry(settings)
     mark = registry.get("mark")
     assert isinstance(mark, Mark) and (mark.marker, mark.prefix) == ("restarted", "acme")
     assert isinstance(registry.get("bare"), Bare)
@@ -312,7 +312,7 @@ def test_the_spec_names_are_checked_against_the_classes_and_the_registry(tmp_pat
     ]
     with_class = RemediationSettings(playbook_classes=[f"{__name__}:Mark"])
     assert load_spec(spec, playbooks=load_known_playbooks(with_class)).spec
-    registry = build_registry(RemediationSettings())
+    registry = open_registry(RemediationSettings())
     registry.register(Mark("m", "p"))
     assert "mark" in load_known_playbooks(RemediationSettings(), registry)
 
@@ -445,7 +445,7 @@ def test_an_installed_entry_point_registers_its_class_without_any_edit(
         "(distribution acme_unit_playbooks 1.0)"
     )
     settings = RemediationSettings(playbook_options={installed: {"marker": "from options"}})
-    playbook = build_registry(settings).get(installed)
+    playbook = open_registry(settings).get(installed)
     assert playbook is not None and playbook.marker == "from options"  # type: ignore[attr-defined]
     spec = _spec(tmp_path, installed)
     validated = CliRunner().invoke(cli_app, ["validate", str(spec)])

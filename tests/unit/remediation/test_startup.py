@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from redline.cli.remediation import remediation_app
-from redline.remediation.catalog import build_registry
+from redline.remediation.catalog import open_registry
 from redline.remediation.guards import build_startup_problems, load_policies
 from redline.remediation.settings import RemediationSettings
 from redline.slo.spec import PlaybookPolicy
@@ -67,7 +67,7 @@ def test_playbooks_turned_off_are_not_checked(tmp_path: Path) -> None:
         spec=spec, policies={"spot_drain": PlaybookPolicy(mode="shadow")}
     )
     policies = load_policies(settings.spec, settings.profile, settings.policies)
-    problems = build_startup_problems(build_registry(settings), policies)
+    problems = build_startup_problems(open_registry(settings), policies)
     assert problems == [
         "playbook spot_drain (mode shadow): serving.gateway_url (or "
         "playbook_options.spot_drain.gateway_urls) is not set (the gateways that close a "
