@@ -48,8 +48,8 @@ from redline.platform.index import (
     TargetSpec,
 )
 from redline.platform.routing import AsyncRoutingReader, RoutingStore
+from redline.platform.session_replica import ReplicaConsumer
 from redline.platform.sessions import (
-    ReplicaConsumer,
     SessionLayout,
     SessionStoreError,
     SessionWriter,

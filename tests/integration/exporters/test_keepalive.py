@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from redline.devstack.processes import start_redis
 from redline.exporters.keepalive import KeepaliveProbe, KeepaliveSettings
 from redline.exporters.probe import ProbeCache
+from redline.platform.session_replica import ReplicaConsumer
 from redline.platform.sessions import (
     DEFAULT_WRITTEN_KEY,
-    ReplicaConsumer,
     SessionWriter,
     open_redis,
 )

@@ -15,11 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from redline.devstack.processes import find_binary, start_redis
 from redline.exporters.probe import ProbeCache
 from redline.exporters.session_rpo import SessionRpoProbe, SessionRpoSettings
+from redline.platform.session_replica import ReplicaConsumer
 from redline.platform.sessions import (
     DEFAULT_GROUP,
     DEFAULT_STREAM,
     CdcTargetError,
-    ReplicaConsumer,
     SessionWriter,
     measure_cdc_rpo,
     open_redis,
