@@ -61,8 +61,13 @@ def serve_in_thread(
 
     `options` go to `uvicorn.Config` as they are (`access_log=False`, `log_config=None`, ...).
     The socket is bound here, before the thread starts, so port 0 never races another server.
+    The loop is asyncio's unless `loop=` says otherwise: uvloop (which uvicorn picks when it is
+    installed) fails to close a loop in a thread that still holds a kept-alive connection's
+    handle (EBUSY) and leaves its transports unclosed, which pytest reports as errors.
     """
     import uvicorn
+
+    options.setdefault("loop", "asyncio")
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
