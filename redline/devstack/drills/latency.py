@@ -14,6 +14,7 @@ from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
+    firing_timeout,
     require_quiet,
     run_playbook_loop,
     wait_acknowledged,
@@ -56,7 +57,7 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
         result.condition_delay = LATENCY_FAULT_SECONDS
         result.condition_basis = "the first slow request completes one injected latency later"
         ctx.say(result.drill, f"fault injected: {result.fault}")
-        wait_firing(ctx, result, labels, 60.0)
+        wait_firing(ctx, result, labels, firing_timeout(result, LATENCY_FAULT_SECONDS))
         run_playbook_loop(ctx, result, labels, 60.0)
         now = store.get_override()
         result.check(
@@ -121,7 +122,7 @@ def _drill_latency_paged(ctx: DrillContext) -> DrillResult:
         result.condition_delay = LATENCY_FAULT_SECONDS
         result.condition_basis = "the first slow request completes one injected latency later"
         ctx.say(result.drill, f"fault injected: {result.fault}")
-        wait_firing(ctx, result, labels, 60.0)
+        wait_firing(ctx, result, labels, firing_timeout(result, LATENCY_FAULT_SECONDS))
         result.notified_at = wait_acknowledged(ctx, result, labels, "firing", 60.0)
         ctx.say(result.drill, "paged: the receiver acknowledged the alert (no playbook)")
         override = store.get_override()

@@ -14,6 +14,7 @@ from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
+    firing_timeout,
     require_quiet,
     run_playbook_loop,
     wait_firing,
@@ -109,7 +110,7 @@ def drill_staleness(ctx: DrillContext) -> DrillResult:
         result.fault_at = time.time()
         log.set_paused(REPLICA_INDEX, True)
         ctx.say(result.drill, f"fault injected: {result.fault}")
-        wait_firing(ctx, result, labels, 60.0)
+        wait_firing(ctx, result, labels, firing_timeout(result, red.max_staleness_seconds))
         canary = writer.client.hgetall(log.canary_key(REPLICA_INDEX))
         canary_ms = int(canary.get(b"ts_ms", b"0"))
         if canary_ms:

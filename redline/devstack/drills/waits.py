@@ -19,6 +19,13 @@ def budget_for(ctx: DrillContext, for_seconds: float) -> float:
     return round(pipeline_budget_seconds(ctx.spec, for_seconds, federated), 3)
 
 
+def firing_timeout(result: DrillResult, onset_seconds: float) -> float:
+    """How long to wait for the drill's alert to fire: the condition's onset after the fault plus
+    the pipeline budget twice over (a busy machine), never under a minute. With production timing
+    (15 s scrape and evaluation) a fixed minute is shorter than the pipeline itself."""
+    return max(60.0, onset_seconds + 2 * result.budget_seconds)
+
+
 def require_quiet(
     ctx: DrillContext,
     result: DrillResult,
