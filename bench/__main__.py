@@ -35,6 +35,11 @@ BENCHMARKS = (
         "drift", "drift detection vs Evidently (needs: pip install -e '.[bench]')", "bench.drift"
     ),
     Benchmark(
+        "rules_cost",
+        "redline's vLLM-profile rules vs plain Sloth-style rules, 10/100/1000 pods (~5 min)",
+        "bench.rules_cost",
+    ),
+    Benchmark(
         "promptlog",
         "prompt-log trace-back via the index vs a full scan; tamper detection",
         "bench.promptlog",
