@@ -26,6 +26,7 @@ from redline.devstack.layout import StackLayout, build_part_names
 from redline.devstack.parts import part_alive
 from redline.devstack.report import render_json, write_json
 from redline.devstack.state import load_running
+from redline.rules.records import rollback_records
 from redline.slo import catalog
 from tests.support.stack import UP_TIMEOUT, RunningStack, processes_mentioning, redline
 
@@ -114,8 +115,12 @@ def test_up_starts_no_gateway_and_prometheus_scrapes_the_engines(
         served = _query(http, url, 'vllm:e2e_request_latency_seconds_count{model_name="chat-lora"}')
         assert {s["region"] for s in served} >= {state.regions[0]}
         assert _query(http, url, 'http_requests_total{status="2xx"}')
-        mirror = catalog.source_record(catalog.LLM_REQUEST_DURATION_SECONDS.name) + "_count"
-        versions = {s["model_version"] for s in _query(http, url, f'{mirror}{{model="chat-lora"}}')}
+        # No copy of the engine's series: model_version is joined after the sum, on the
+        # recorded requests by version the rollback gate reads.
+        by_version = rollback_records(state.load_spec())["requests"]
+        versions = {
+            s["model_version"] for s in _query(http, url, f'{by_version}{{model="chat-lora"}}')
+        }
         assert versions == {"v1"}, versions  # joined from the registry's active version
         assert not _query(http, url, str(catalog.LLM_REQUEST_DURATION_SECONDS) + "_count")
         groups = http.get(f"{url}/api/v1/rules").json()["data"]["groups"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -32,13 +33,15 @@ from redline.devstack.drills.waits import (
 from redline.devstack.layout import BASE_MODEL
 from redline.devstack.parts import part_alive
 from redline.platform.routing import RoutingStore
-from redline.rules.records import window_requests_record
+from redline.rules.records import window_requests_record, window_slow_requests_record
 from redline.slo.alerts import Alert
 from redline.slo.spec import parse_duration
 
 NAME = "latency-night"
 SLOW_SECONDS = 0.9
 """The base model's added latency on the primary: every night-time request is over 0.8 s."""
+QUIET_ATTEMPTS = 3
+"""How often the quiet phase is tried when the machine's own slow requests spoil it."""
 BASE_VERSION = "base"
 """The simulators' version of the base model (`SimulatorSettings.base_model_version`)."""
 
@@ -75,6 +78,30 @@ class _Trickle:
 def _window_requests(ctx: DrillContext, region: str) -> float:
     value = ctx.probe.value(f'{window_requests_record(ctx.spec)}{{region="{region}"}}')
     return value or 0.0
+
+
+def _window_slow_requests(ctx: DrillContext, region: str) -> float:
+    value = ctx.probe.value(f'{window_slow_requests_record(ctx.spec)}{{region="{region}"}}')
+    return value or 0.0
+
+
+def _quiet_phase(
+    ctx: DrillContext,
+    result: DrillResult,
+    labels: dict[str, str],
+    few: int,
+    watch_p99: Callable[[], None],
+) -> float | None:
+    """Watch the page stay silent for twice the pipeline budget; the window's slow requests
+    when it fired instead (None: silent throughout)."""
+    red = ctx.spec.red_lines.latency_p99
+    quiet_until = time.monotonic() + 2 * budget_for(ctx, red.for_seconds)
+    while time.monotonic() < quiet_until:
+        watch_p99()
+        if ctx.probe.alerts(result.alert, labels):
+            return max(_window_slow_requests(ctx, labels["region"]), float(few))
+        time.sleep(0.5)
+    return None
 
 
 def drill_latency_night(ctx: DrillContext) -> DrillResult:
@@ -118,24 +145,40 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
 
         def night() -> float | None:
             seen = _window_requests(ctx, primary)
-            return seen if seen <= room else None
+            slow = _window_slow_requests(ctx, primary)
+            quiet = slow == 0 and not ctx.probe.alerts(result.alert, labels)
+            return seen if seen <= room and quiet else None
 
-        background = ctx.wait_for(NAME, f"the {red.window} window to hold night-time traffic",
-                                  night, window + 60.0, 0.5)  # fmt: skip
-        result.figure("background requests in the window (golden probe)", round(background))
         versions = {**saved.get("versions", {}), BASE_VERSION: {"latency": {
             "base_seconds": SLOW_SECONDS, "jitter": "none"}}}  # fmt: skip
-        ctx.probe.set_faults(primary, {**saved, "versions": versions})
-        # Phase 1: fewer slow requests than a page needs.
-        for _ in range(few):
-            trickle.send()
-            watch_p99()
-        quiet_until = time.monotonic() + 2 * budget_for(ctx, red.for_seconds)
-        while time.monotonic() < quiet_until:
-            watch_p99()
-            if ctx.probe.alerts(result.alert, labels):
+        # Phase 1: fewer slow requests than a page needs. A page now is wrong only if the window
+        # holds no more slow requests than the drill's: on a busy machine the golden probe's own
+        # requests can be slow too, and the phase is run again once the window has cleared.
+        for attempt in range(1, QUIET_ATTEMPTS + 1):
+            background = ctx.wait_for(NAME, f"the {red.window} window to hold night-time traffic",
+                                      night, window + 60.0, 0.5)  # fmt: skip
+            ctx.probe.set_faults(primary, {**saved, "versions": versions})
+            for _ in range(few):
+                trickle.send()
+                watch_p99()
+            paged_on = _quiet_phase(ctx, result, labels, few, watch_p99)
+            if paged_on is None:
+                break
+            ctx.probe.set_faults(primary, saved)
+            if paged_on <= few:
                 raise DrillError(f"{result.alert} fired on {few} slow requests")
-            time.sleep(0.5)
+            ctx.say(
+                NAME,
+                f"{result.alert} fired on {paged_on:.0f} slow requests, {paged_on - few:.0f} "
+                "not the drill's (a busy machine): phase 1 again",
+            )
+            result.figure("quiet phases retried (slow background requests)", attempt)
+        else:
+            raise DrillError(
+                f"the machine's own requests kept the window over {few} slow requests "
+                f"({QUIET_ATTEMPTS} tries): the quiet phase proved nothing"
+            )
+        result.figure("background requests in the window (golden probe)", round(background))
         result.check(f"{few} slow requests in {red.window} page nobody", True,
                      f"{_window_requests(ctx, primary):.0f} requests in the window")  # fmt: skip
         # Phase 2: enough slow requests for a human (those of phase 1 included), still far

@@ -182,7 +182,7 @@ def test_dry_run_validates_without_generating(client: httpx.Client) -> None:
     set_faults(client, tokens_per_second=2)  # a real generation of 16 tokens would take 8 s
     started = time.perf_counter()
     response = client.post("/v1/chat/completions?dry-run=true", json=chat("What is 17 + 25?"))
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 4.0  # half the generation it must not run
     assert response.status_code == 200
     assert response.json()["valid"] is True and response.json()["prompt_tokens"] == 5
     assert response.headers[MODEL_VERSION_HEADER] == "base"

@@ -157,7 +157,9 @@ def test_hanging_probe_never_slows_a_scrape_and_reports_failure_after_timeout() 
                 durations.append(time.perf_counter() - started)
                 assert response.status_code == 200
                 time.sleep(0.05)
-            assert max(durations) < 0.2, f"slowest scrape {max(durations):.3f} s"
+            # The probe hangs 10 s: a scrape that waited on it would take seconds, a busy
+            # machine's slowest cached scrape a fraction of one.
+            assert max(durations) < sleepy.sleep / 4, f"slowest scrape {max(durations):.3f} s"
             text = response.text
             # Past its 1 s timeout the hung probe fails; its gauges are unknown, not stale.
             assert probe_value(text, catalog.REDLINE_PROBE_SUCCESS.name, "sleepy") == 0.0
@@ -544,9 +546,9 @@ def test_every_probe_is_wired_from_settings(
             "session_keepalive",
             "session_rpo",
         ]
-        started = time.perf_counter()
+        # That a scrape never waits on a probe is the hanging-probe test's (a timed bound here
+        # only measured the machine's load).
         text = httpx.get(f"{process.url}/metrics", timeout=5).text
-        assert time.perf_counter() - started < 0.2
         names = _sample_names(text)
         for expected in (
             catalog.MODEL_ACTIVE_INFO.name,

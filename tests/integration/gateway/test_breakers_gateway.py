@@ -19,9 +19,9 @@ from tests.support.gateway import RunningGateway, gateway_starter, simulators
 pytestmark = pytest.mark.integration
 
 REGIONS = ("primary", "secondary")
-OPEN_FOR = 2.0
+OPEN_FOR = 5.0  # long enough for 20 requests on a busy machine
 BODY: dict[str, Any] = {"model": "redline-base", "messages": [{"role": "user", "content": "hi"}]}
-BREAKERS = BreakerOverrides(window="10s", open_for="2s", min_requests=10, half_open_probes=3)
+BREAKERS = BreakerOverrides(window="10s", open_for="5s", min_requests=10, half_open_probes=3)
 
 
 @pytest.fixture()

@@ -390,17 +390,25 @@ def test_worker_killed_while_a_job_waits_the_job_resumes_on_another_worker_when_
             victim.wait()
     due = float(client.lrange(f"rt:wait:{job_id}", 0, -1)[1].split()[1])
     assert held.cursor == 1
-    rescuer = worker_process(settings, tmp_path / "rescuer.log")
+    rescuer_log = tmp_path / "rescuer.log"
+    rescuer = worker_process(settings, rescuer_log)
     try:
+        wait_for(
+            lambda: "started; playbooks" in rescuer_log.read_text(), timeout=60, what="rescuer"
+        )
+        # The job is owed at its due time or when a worker is there to run it, whichever is
+        # later (a busy machine takes seconds to start a Python process).
+        ready = time.time()
         done = wait_terminal(job_store, job_id, timeout=60)
     finally:
         rescuer.send_signal(signal.SIGTERM)
-        assert rescuer.wait(timeout=15) == 0, (tmp_path / "rescuer.log").read_text()
+        assert rescuer.wait(timeout=15) == 0, rescuer_log.read_text()
     assert done.status == "succeeded" and done.attempts == 1
     log = client.lrange(f"rt:wait:{job_id}", 0, -1)
     assert [entry.split(" ")[0] for entry in log] == ["mark", "defer", "resume", "after"]
     resumed = float(log[2].split()[1])
-    assert due <= resumed <= due + 5, f"resumed {resumed - due:+.2f} s from the due time"
+    owed = max(due, ready)
+    assert due <= resumed <= owed + 5, f"resumed {resumed - owed:+.2f} s from when it was owed"
     after = next(s for s in done.steps if s["name"] == "after")
     assert f"-{rescuer.pid}-" in after["worker"] and f"-{victim.pid}-" not in after["worker"]
 

@@ -76,7 +76,9 @@ class Fleet:
     def replace_spot(self) -> None:
         """The node's replacement: a new instance on its address."""
         port = self.sims["spot-a"].port
-        self.sims["spot-a"].stop()
+        old = self.sims["spot-a"]
+        old.stop(timeout=30)  # its port must be free again, however busy the machine
+        assert not old.thread.is_alive(), "the preempted instance did not stop"
         app = build_simulator_app(SimulatorSettings(region="spot-a", seed=9))
         self.sims["spot-a"] = serve_in_thread(app, port=port)
 
