@@ -44,6 +44,12 @@ BENCHMARKS = (
         "prompt-log trace-back via the index vs a full scan; tamper detection",
         "bench.promptlog",
     ),
+    Benchmark(
+        "weights",
+        "encrypted shards: encrypt/verify vs sha256, incremental vs full verification, file "
+        "and S3 stores (2 GiB, ~3 min)",
+        "bench.weights",
+    ),
 )
 """Every benchmark of `make bench`, in order (bench.deltalog_soak is not one: it soaks 30 min)."""
 
