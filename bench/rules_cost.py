@@ -73,7 +73,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,9 +85,7 @@ import numpy as np
 import yaml
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
 from bench.figures import (
     BenchmarkError,
@@ -98,7 +96,8 @@ from bench.figures import (
     exit_code,
     info,
 )
-from redline.devstack.fakes.engines import EngineMetrics
+from redline.devstack.fakes.engines import EngineMetrics, Request
+from redline.devstack.fakes.simulator_metrics import render_engines
 from redline.devstack.processes import Service, free_port, start_prometheus
 from redline.platform.prometheus import PrometheusClient
 from redline.rules.build import build_rule_groups
@@ -167,17 +166,6 @@ class Traffic:
     aborts: float = 0.002
 
 
-@dataclass(frozen=True)
-class Request:
-    """One request a pod answered."""
-
-    latency: float
-    status: int
-    prompt_tokens: int
-    completion_tokens: int
-    ttft: float
-
-
 def draw_requests(rng: np.random.Generator, traffic: Traffic, seconds: float) -> list[Request]:
     """The requests one model of a pod answered over `seconds` (none for a non-positive span)."""
     if seconds <= 0:
@@ -204,44 +192,6 @@ def draw_requests(rng: np.random.Generator, traffic: Traffic, seconds: float) ->
     return requests
 
 
-def merge_families(families: Iterable[Metric]) -> list[Metric]:
-    """Several registries' families as one page: a series in more than one (the API server's,
-    which carry no model label) is added up (counters, histograms), its largest value kept
-    (gauges) or its earliest creation time (`_created`)."""
-    merged: dict[str, Metric] = {}
-    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
-    for family in families:
-        if family.name not in merged:
-            merged[family.name] = Metric(
-                family.name, family.documentation, family.type, family.unit
-            )
-            values[family.name] = {}
-        slots = values[family.name]
-        for sample in family.samples:
-            key = (sample.name, tuple(sorted(sample.labels.items())))
-            seen = slots.get(key)
-            if seen is None:
-                slots[key] = sample.value
-            elif sample.name.endswith("_created"):
-                slots[key] = min(seen, sample.value)
-            elif family.type in ("counter", "histogram", "summary"):
-                slots[key] = seen + sample.value
-            else:
-                slots[key] = max(seen, sample.value)
-    for name, family in merged.items():
-        for (sample_name, labels), value in values[name].items():
-            family.add_sample(sample_name, dict(labels), value)
-    return list(merged.values())
-
-
-class _Families(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
-
-
 def pod_engines(models: Sequence[str]) -> list[EngineMetrics]:
     """One vLLM engine exposition per model a pod serves."""
     return [EngineMetrics("vllm", model=model) for model in models]
@@ -249,10 +199,7 @@ def pod_engines(models: Sequence[str]) -> list[EngineMetrics]:
 
 def render_pod(engines: Sequence[EngineMetrics]) -> bytes:
     """A pod's page: its models' vLLM series and the API server's, in one text exposition."""
-    registry = CollectorRegistry(auto_describe=False)
-    families = [family for engine in engines for family in engine.registry.collect()]
-    registry.register(_Families(merge_families(families)))
-    return generate_latest(registry)
+    return render_engines(engines)
 
 
 def model_names(models: int) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -54,6 +54,15 @@ class _Families(Collector):
         return iter(self.families)
 
 
+def render_engines(engines: Sequence[EngineMetrics]) -> bytes:
+    """Several engines' series as one text exposition (format 0.0.4), merged as one pod
+    serving them shows them (`merge_families`)."""
+    registry = CollectorRegistry(auto_describe=False)
+    families = [family for engine in engines for family in engine.registry.collect()]
+    registry.register(_Families(merge_families(families)))
+    return generate_latest(registry)
+
+
 class EngineExposition:
     """The engine's own `/metrics` of one simulator (`metrics_profile`): vLLM labels its series
     with the model a request was served by, so there is an `EngineMetrics` per served model
@@ -99,10 +108,7 @@ class EngineExposition:
             engines = list(self.models.values())
         if len(engines) == 1:
             return engines[0].render()
-        registry = CollectorRegistry(auto_describe=False)
-        families = [family for engine in engines for family in engine.registry.collect()]
-        registry.register(_Families(merge_families(families)))
-        return generate_latest(registry)
+        return render_engines(engines)
 
 
 @dataclass
