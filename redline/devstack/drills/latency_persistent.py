@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -632,19 +632,30 @@ def _recorded_p99(
         return None, 0, "(never rerouted)"
     end = recorded_detection_end(reroute_at, ctx.spec, ctx.endpoints.federated)
     start, stop = result.fault_at - 4 * SAMPLE_SECONDS, time.time()
+    record = p99_record(ctx.spec)
     try:
-        series = ctx.probe.prometheus.range(p99_record(ctx.spec), start, stop, SAMPLE_SECONDS)
+        series = ctx.probe.prometheus.range(record, start, stop, SAMPLE_SECONDS)
+        stamps = ctx.probe.prometheus.range(f"timestamp({record})", start, stop, SAMPLE_SECONDS)
     except PrometheusError as exc:
         return None, 0, f"(unreadable: {exc})"
+    # Each point at the time its recording was evaluated, not the query step that shows it: a
+    # loaded Prometheus misses evaluations, and a step then shows the last one, from before.
+    evaluated = {_key(labels): dict(points) for labels, points in stamps}
     worst: float | None = None
     total = 0
-    for _labels, values in series:
+    for labels, values in series:
+        at = evaluated.get(_key(labels), {})
+        values = [(at.get(t, t), v) for t, v in values]
         value, count = max_outside(values, result.fault_at, end)
         total += count
         if value is not None:
             worst = value if worst is None else max(worst, value)
     window = f"{end - result.fault_at:.1f}"
     return worst, total, f"outside the fault -> reroute + its rate window (the first {window} s)"
+
+
+def _key(labels: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != "__name__"))
 
 
 def _s(value: Any) -> str:
