@@ -168,7 +168,7 @@ class _LossWatcher:
 
     def _listen(self) -> None:
         client = open_redis(self.redis_url, self.timeout_seconds)
-        pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
         try:
             status = ensure_keyspace_notifications(client, configure=self.configure)
             with self._lock:

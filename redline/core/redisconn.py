@@ -505,12 +505,12 @@ def open_redis(url: str, setting: str = "redis_url", **options: Any) -> redis.Re
         return redis.Redis.from_url(url, **options)
     if isinstance(target, ClusterTarget):
         return _open_cluster(url, setting, target, options)
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(
         list(target.sentinels),
         min_other_sentinels=target.min_other_sentinels,
         sentinel_kwargs=target.sentinel_kwargs(options),
     )
-    client: _SentinelRedis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client: _SentinelRedis = sentinel.master_for(
         target.master, redis_class=_SentinelRedis, **target.master_kwargs(options)
     )
     client.sentinel_manager = sentinel
@@ -529,7 +529,7 @@ def open_async_redis(url: str, setting: str = "redis_url", **options: Any) -> re
         kwargs = _accepted(factory, target.node_kwargs(options))
         # Same commands as redis.asyncio.Redis (see _open_cluster): callers type against it.
         return cast(redis.asyncio.Redis, factory(startup_nodes=nodes, **kwargs))
-    sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = redis.asyncio.sentinel.Sentinel(
         list(target.sentinels),
         min_other_sentinels=target.min_other_sentinels,
         sentinel_kwargs=target.sentinel_kwargs(options),

@@ -261,8 +261,7 @@ class PromptLogWatcher:
         return {f"__keyspace@{db}__:{key}": key for key in keys}
 
     def _subscribe(self) -> Any:
-        # redis-py leaves pubsub() unannotated.
-        pubsub = self.log.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = self.log.client.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(*self._channels())
         return pubsub
 
