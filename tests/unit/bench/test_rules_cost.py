@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import prometheus_client.metrics
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -167,7 +168,12 @@ def test_a_pod_page_holds_every_vllm_series_per_model_and_one_api_server() -> No
     )
 
 
-def test_merge_adds_counters_and_keeps_the_largest_gauge_and_earliest_created() -> None:
+def test_merge_adds_counters_and_keeps_the_largest_gauge_and_earliest_created(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # prometheus-client's `_created` switch is process-wide: an app built by an earlier test in
+    # this worker (gateway, exporter: created_series off by default) leaves it off.
+    monkeypatch.setattr(prometheus_client.metrics, "_use_created", True)
     a, b = rc.pod_engines(["m"]), rc.pod_engines(["m"])
     a[0].observe(0.4)
     b[0].observe(0.4, count=3)
