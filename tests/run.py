@@ -3,9 +3,12 @@
 Two pytest processes run at once:
 - the e2e drills (`--e2e=only`) at normal priority, in one process: they share a local stack and
   their deadlines are wall-clock ones, so they must get the CPU when they ask for it;
-- everything else (`--e2e=without`) in parallel xdist workers at a lower priority (`nice`): the
-  unit and integration tests wait on real services more than they compute and take the CPU the
-  drills leave idle (over a serial run, about half of two cores was idle).
+- everything else (`--e2e=without`) in parallel xdist workers at a lower priority: the unit and
+  integration tests wait on real services more than they compute and take the CPU the drills
+  leave idle (over a serial run, about half of two cores was idle). Each part is a session of
+  its own, so its priority is its autogroup's nice value, which the services it spawns inherit
+  (`redline.devstack.priority`): a plain `nice` weighed the rest's 4 workers against the drills'
+  stack at an equal share, and the stack's P99 went over the red line on a busy machine.
 
 Each runs in a process group of its own, with its output streamed line by line behind a prefix.
 SIGINT, SIGTERM and SIGHUP are passed on to both groups as SIGINT, so pytest stops as Ctrl-C stops
@@ -30,11 +33,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from redline.devstack.priority import set_autogroup_nice
+
 ROOT = Path(__file__).resolve().parents[1]
 GRACE_SECONDS = 120.0
 """How long an interrupted part may tear down (a stack's `redline down` included)."""
 NICE = 10
-"""The rest of the suite runs this much nicer than the drills (CFS: about 1/9 of the weight)."""
+"""The rest of the suite runs this much nicer than the drills (CFS: about 1/9 of the weight),
+as a process and as an autogroup."""
 NO_TESTS = 5
 
 
@@ -44,6 +50,7 @@ class Part:
 
     name: str
     argv: list[str]
+    nice: int = 0
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ended: float | None = None
@@ -60,6 +67,8 @@ class Part:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if self.nice:
+            set_autogroup_nice(self.process.pid, self.nice)
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the part's process group."""
@@ -77,7 +86,8 @@ def build_parts(workers: int, extra: Sequence[str]) -> list[Part]:
         Part("e2e", [*pytest, "--e2e=only", "--durations=10", *extra]),
         Part(
             "rest",
-            [
+            nice=NICE,
+            argv=[
                 "nice",
                 "-n",
                 str(NICE),
