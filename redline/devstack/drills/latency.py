@@ -12,6 +12,8 @@ import time
 
 from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
+from redline.devstack.drills.restore import load_reroute_settings, restore_bound
+from redline.devstack.drills.settle import settle_seconds
 from redline.devstack.drills.waits import (
     budget_for,
     firing_timeout,
@@ -87,13 +89,32 @@ def drill_latency(ctx: DrillContext) -> DrillResult:
         def restored() -> bool | None:
             return True if store.get_override() is None else None
 
-        ctx.wait_for(result.drill, "the routing to be restored", restored, 30.0)
+        ctx.wait_for(result.drill, "the routing to be restored", restored, restore_wait(ctx))
         result.check("routing restored after the hold-down", True, "override cleared")
     finally:
         ctx.probe.set_faults(primary, saved)
         store.close()
     result.lost_detail = "n/a: a reroute moves requests, it writes no data"
     return result
+
+
+def restore_wait(ctx: DrillContext) -> float:
+    """How long the routing may take to be restored once the resolved job ended: the restore
+    bound of the running worker's settings, and, when the region that took the traffic breached
+    in turn (a loaded machine) and was rerouted away from, its own alert's evidence to clear and
+    its pipeline, twice over (the bound `require_quiet` waits for a quiet stack)."""
+    settings = load_reroute_settings(ctx.probe.layout)
+    red = ctx.spec.red_lines.latency_p99
+    restore_for = (
+        settings.restore_for_seconds
+        if settings.restore_for_seconds is not None
+        else red.restore.for_seconds
+    )
+    bound = restore_bound(
+        restore_for, settings.restore_check_seconds, ctx.spec, ctx.endpoints.federated
+    )
+    evidence = settle_seconds(ctx.spec, Alert.RED_LINE_LATENCY_P99, budget_for(ctx, 0.0))
+    return settings.hold_down_seconds + bound + evidence
 
 
 def _drill_latency_paged(ctx: DrillContext) -> DrillResult:
@@ -161,4 +182,4 @@ def _drill_latency_paged(ctx: DrillContext) -> DrillResult:
     return result
 
 
-__all__ = ["LATENCY_FAULT_SECONDS", "drill_latency"]
+__all__ = ["LATENCY_FAULT_SECONDS", "drill_latency", "restore_wait"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from redline.devstack.drills.base import DrillError
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.parts import health_path
 from redline.devstack.state import PartState
@@ -116,6 +117,32 @@ def diagnose(ctx: DrillContext, alert: str, labels: Mapping[str, str]) -> str:
     )
 
 
+def wait_recorded_under(
+    ctx: DrillContext, drill: str, record: str, threshold: float, bound: float
+) -> None:
+    """Wait until every series of `record` is at most `threshold` (an earlier drill's slow
+    requests still in a region's window, say, which its alert's `min_requests` kept quiet);
+    DrillError naming the series over the line and the machine's load after `bound` s."""
+
+    def under() -> bool | None:
+        over = [(labels, value) for labels, value in ctx.probe.query(record) if value > threshold]
+        return True if not over else None
+
+    try:
+        ctx.wait_for(drill, f"{record} under {threshold:g} before the fault", under, bound, 0.5)
+    except DrillError:
+        over = ", ".join(
+            f"{dict(labels)} {value:.3f}"
+            for labels, value in ctx.probe.query(record)
+            if value > threshold
+        )
+        load1, _, _ = os.getloadavg()
+        raise DrillError(
+            f"the stack did not settle within {bound:.0f} s: {record} over {threshold:g} "
+            f"({over or 'now under'}); load average {load1:.1f} on {os.cpu_count() or 1} cores"
+        ) from None
+
+
 __all__ = [
     "MIN_SETTLE_SECONDS",
     "PartLoad",
@@ -124,4 +151,5 @@ __all__ = [
     "sample_part_load",
     "settle_seconds",
     "time_health",
+    "wait_recorded_under",
 ]

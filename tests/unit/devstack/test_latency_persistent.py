@@ -14,19 +14,17 @@ from redline.devstack.config import build_part_commands, render_settings
 from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.latency_persistent import (
     NAME,
-    WORKER_PART,
     ClientSample,
     RoutingSample,
     build_not_applicable,
-    load_reroute_settings,
     max_outside,
     nearest_rank,
     recorded_detection_end,
-    restore_bound,
     summarize_clients,
     summarize_routing,
 )
 from redline.devstack.drills.registry import DRILL_ORDER, DRILLS, resolve_names
+from redline.devstack.drills.restore import WORKER_PART, load_reroute_settings, restore_bound
 from redline.devstack.layout import StackLayout, build_endpoints, build_ported_parts
 from redline.devstack.report import build_figure_lines, build_report, build_rows, render_json
 from redline.slo.load import apply_profile, load_spec
