@@ -387,6 +387,10 @@ def drill_latency_persistent(ctx: DrillContext) -> DrillResult:
         ),
     )
     primary = ctx.endpoints.regions[0]
+    # The recorded P99 is judged from just before the fault: an earlier drill's slow requests
+    # must have left every region's window first (and any breach they made resolved, below).
+    wait_recorded_under(ctx, NAME, p99_record(spec), red.threshold_seconds,
+                        settle_seconds(spec, result.alert, budget_for(ctx, 0.0)))  # fmt: skip
     require_quiet(ctx, result, {"region": primary})
     store = RoutingStore.from_url(
         ctx.endpoints.redis_url, settings.key_prefix, tuple(ctx.endpoints.regions)
@@ -408,11 +412,6 @@ def drill_latency_persistent(ctx: DrillContext) -> DrillResult:
         except DrillError:
             raise DrillError(f"a routing override is still set ({store.get_override()}) after "
                              f"{QUIET_SECONDS:g} s; clear it first") from None  # fmt: skip
-        # The recorded P99 is judged from just before the fault: an earlier drill's slow
-        # requests (the night drill's trickle, under `min_requests`, so no alert) must have left
-        # every region's window first.
-        wait_recorded_under(ctx, NAME, p99_record(spec), red.threshold_seconds,
-                            settle_seconds(spec, result.alert, budget_for(ctx, 0.0)))  # fmt: skip
         with samplers:
             time.sleep(2 * SAMPLE_SECONDS)  # the routing as it was before the fault
             try:
