@@ -71,10 +71,10 @@ lint-imports: typecheck-tree
 generate-check: $(STAMP)
 	$(REDLINE) generate --check
 
-# The e2e drills (one process: they share one local stack, at normal priority) beside the unit
-# and integration tests (parallel workers, a file stays in one worker so its module fixtures
-# start once; niced, so the drills' deadlines keep their CPU): tests/run.py, exec'ed so that a
-# SIGTERM to make reaches it and it can stop both parts cleanly.
+# The e2e drills (one process: they share one local stack, on an otherwise idle machine), then
+# the unit and integration tests (parallel workers, a file stays in one worker so its module
+# fixtures start once): tests/run.py, exec'ed so that a SIGTERM to make reaches it and it can
+# stop the running part cleanly.
 pytest: setup
 	exec $(PY) -m tests.run $(PYTEST_ARGS)
 

@@ -142,8 +142,10 @@ def test_stream_is_paced_by_tokens_per_second(client: httpx.Client) -> None:
             if line.startswith("data: {") and '"content":"' in line and '"role"' not in line:
                 arrivals.append(time.perf_counter() - started)
     assert len(arrivals) == 10
-    # 10 tokens at 40/s: the first arrives after ~25 ms, the last after ~250 ms.
-    assert arrivals[-1] - arrivals[0] >= 0.2
+    # 10 tokens at 40/s: the first arrives after ~25 ms, the last after ~250 ms. Judged from
+    # the request's start: a client descheduled at the first token reads it late, which shrank
+    # last - first under 9 intervals, while the last token can never come early.
+    assert arrivals[-1] >= 9 / 40
     assert arrivals[-1] < 1.0
 
 
