@@ -448,8 +448,12 @@ def test_worker_killed_during_the_hold_down_the_job_resumes_on_another_at_the_ri
     due = datetime.fromisoformat(held.next_attempt_at).timestamp()
     assert due == pytest.approx(ended.timestamp() + 4.0, abs=0.5)
     assert routing.get_override() is not None
-    rescuer = worker_process(settings, tmp_path, tmp_path / "rescuer.log")
+    rescuer_log = tmp_path / "rescuer.log"
+    rescuer = worker_process(settings, tmp_path, rescuer_log)
     try:
+        wait_for(lambda: "started; playbooks" in rescuer_log.read_text(), timeout=60,
+                 what="the rescuer")  # fmt: skip
+        rescuer_up = time.time()
         done = wait_terminal_job(settings, resolved_id, timeout=60)
     finally:
         rescuer.send_signal(signal.SIGTERM)
@@ -459,5 +463,8 @@ def test_worker_killed_during_the_hold_down_the_job_resumes_on_another_at_the_ri
     resumed = [s for s in done.steps if s["name"] == "hold_down"][-1]
     assert f"-{victim.pid}-" not in resumed["worker"] and f"-{rescuer.pid}-" in resumed["worker"]
     assert resumed["at"] >= due - 0.05, "resumed before the hold-down ended"
-    assert resumed["at"] <= due + 10, "resumed long after the hold-down ended"
+    # Owed at its due time or once the rescuer is up, whichever is later (a busy machine can
+    # take longer than the hold-down to start a worker).
+    owed = max(due, rescuer_up)
+    assert resumed["at"] <= owed + 10, "resumed long after the hold-down ended"
     assert done.steps[-1]["data"]["restored"] is True and routing.get_override() is None
