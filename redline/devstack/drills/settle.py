@@ -10,6 +10,7 @@ CPU and how long the stack's HTTP parts take to answer a health check.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from redline.devstack.drills.base import DrillError
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.parts import health_path
 from redline.devstack.state import PartState
+from redline.rules.records import p99_record, window_requests_record
 from redline.slo.alerts import Alert
 from redline.slo.spec import Spec, parse_duration
 
@@ -117,29 +119,61 @@ def diagnose(ctx: DrillContext, alert: str, labels: Mapping[str, str]) -> str:
     )
 
 
-def wait_recorded_under(
-    ctx: DrillContext, drill: str, record: str, threshold: float, bound: float
-) -> None:
-    """Wait until every series of `record` is at most `threshold` (an earlier drill's slow
-    requests still in a region's window, say, which its alert's `min_requests` kept quiet);
-    DrillError naming the series over the line and the machine's load after `bound` s."""
+def build_window_problems(
+    regions: Sequence[str],
+    requests: Mapping[str, float],
+    p99: Mapping[str, float],
+    min_requests: int,
+    threshold: float,
+) -> list[str]:
+    """What keeps each region's latency window from being a daytime one: fewer requests than
+    the red line's `min_requests` (a P99 over a few requests is their slowest, so it proves
+    nothing either way) or a P99 over the line. Empty when every region is settled."""
+    problems = []
+    for region in regions:
+        seen = requests.get(region, 0.0)
+        if seen < min_requests:
+            problems.append(f"{region}: {seen:.0f} requests in the window < {min_requests}")
+            continue
+        value = p99.get(region)
+        if value is not None and value > threshold:
+            problems.append(f"{region}: P99 {value:.3f} s > {threshold:g} s")
+    return problems
 
-    def under() -> bool | None:
-        over = [(labels, value) for labels, value in ctx.probe.query(record) if value > threshold]
-        return True if not over else None
 
-    try:
-        ctx.wait_for(drill, f"{record} under {threshold:g} before the fault", under, bound, 0.5)
-    except DrillError:
-        over = ", ".join(
-            f"{dict(labels)} {value:.3f}"
+def wait_daytime_window(ctx: DrillContext, drill: str, bound: float) -> None:
+    """Wait until every region's latency window holds the red line's `min_requests` and a P99
+    under the line (after the night drill's paused load generator, say); DrillError naming what
+    is missing and the machine's load after `bound` s."""
+    red = ctx.spec.red_lines.latency_p99
+    regions = ctx.endpoints.regions
+    problems: list[str] = []
+
+    def by_region(record: str) -> dict[str, float]:
+        return {
+            labels["region"]: value
             for labels, value in ctx.probe.query(record)
-            if value > threshold
+            if "region" in labels and not math.isnan(value)
+        }
+
+    def settled() -> bool | None:
+        problems[:] = build_window_problems(
+            regions,
+            by_region(window_requests_record(ctx.spec)),
+            by_region(p99_record(ctx.spec)),
+            red.min_requests,
+            red.threshold_seconds,
         )
+        return True if not problems else None
+
+    what = f"a {red.window} window of daytime traffic under the red line in every region"
+    try:
+        ctx.wait_for(drill, what, settled, bound, 0.5)
+    except DrillError:
         load1, _, _ = os.getloadavg()
         raise DrillError(
-            f"the stack did not settle within {bound:.0f} s: {record} over {threshold:g} "
-            f"({over or 'now under'}); load average {load1:.1f} on {os.cpu_count() or 1} cores"
+            f"the stack did not settle within {bound:.0f} s: {'; '.join(problems)}; load "
+            f"average {load1:.1f} on {os.cpu_count() or 1} cores"
         ) from None
 
 
@@ -151,5 +185,6 @@ __all__ = [
     "sample_part_load",
     "settle_seconds",
     "time_health",
-    "wait_recorded_under",
+    "build_window_problems",
+    "wait_daytime_window",
 ]
