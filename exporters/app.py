@@ -74,7 +74,7 @@ from redline.platform.index import DeltaLogError
 from redline.platform.lease import LeaseKeeper, RedisLease, default_owner
 from redline.platform.snapshots import ActiveVersions, SnapshotRegistry
 from redline.slo import catalog
-from redline.slo.spec import Spec
+from redline.slo.spec import RedisDurability, Spec
 
 log = logging.getLogger(__name__)
 
@@ -249,9 +249,12 @@ class LeaseCollector(Collector):
         return GaugeMetricFamily(metric.family, metric.help, labels=[])
 
 
-def build_canary_lease(settings: ExporterSettings, probes: Sequence[Probe]) -> LeaseKeeper | None:
+def build_canary_lease(
+    settings: ExporterSettings, probes: Sequence[Probe], durability: RedisDurability | None = None
+) -> LeaseKeeper | None:
     """The canary lease's keeper when the lease is on and some probe writes canaries; the
-    Redis client is opened lazily by redis-py, so Redis down delays the lease, not the start."""
+    Redis client is opened lazily by redis-py, so Redis down delays the lease, not the start.
+    With the spec's `redis` durability, the lease counts only what its replicas acknowledged."""
     section = settings.canary_lease
     if not settings.canary_lease_enabled or not any(writes_canaries(p) for p in probes):
         return None
@@ -262,7 +265,15 @@ def build_canary_lease(settings: ExporterSettings, probes: Sequence[Probe]) -> L
     timeout = max(0.1, min(2.0, renew / 2))
     try:
         client = open_redis(url, setting, socket_timeout=timeout, socket_connect_timeout=timeout)
-        lease = RedisLease(client, section.key, default_owner("exporter"), section.ttl_seconds)
+        acks = durability if durability is not None else RedisDurability()
+        lease = RedisLease(
+            client,
+            section.key,
+            default_owner("exporter"),
+            section.ttl_seconds,
+            min_replicas_ack=acks.min_replicas_ack,
+            ack_timeout_ms=acks.ack_timeout_ms,
+        )
         return LeaseKeeper(lease, renew)
     except SettingsError as exc:
         raise ProbeConfigError(str(exc)) from None
@@ -482,7 +493,7 @@ def build_exporter_app(
                 "build it with the tally of the `shared` given to build_exporter_app"
             )
     timeouts = hang_timeouts(settings, probes)
-    lease = build_canary_lease(settings, probes)
+    lease = build_canary_lease(settings, probes, spec.redis)
     canaries = {probe.name for probe in probes if writes_canaries(probe)}
 
     def may_run(name: str) -> bool:

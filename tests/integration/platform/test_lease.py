@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from redline.devstack.processes import start_redis
+from redline.core.redisconn import ReplicaAckError
+from redline.devstack.processes import start_redis, start_redis_replica
 from redline.platform.lease import LeaseKeeper, RedisLease
 
 pytestmark = pytest.mark.integration
@@ -133,3 +134,35 @@ def test_a_holder_that_cannot_reach_redis_loses_the_lease(tmp_path: Path) -> Non
         keeper.stop(release=False)
         client.close()
         own.stop()
+
+
+def test_with_replica_acks_the_lease_is_held_only_for_what_the_replica_took(
+    tmp_path: Path,
+) -> None:
+    """`min_replicas_ack`: the holder believes only an acquire or renewal its replica has (so a
+    promoted replica keeps the holder's key); with too few replicas it never believes at all,
+    and a renewal the replica stops taking does not extend the belief."""
+    primary = start_redis(tmp_path / "primary")
+    replica = start_redis_replica(tmp_path / "replica", (primary.host, primary.port))
+    client = redis.Redis.from_url(primary.extra["url"])
+    try:
+        a = RedisLease(client, KEY, "a", 5.0, min_replicas_ack=1, ack_timeout_ms=2000)
+        assert a.acquire() and a.held
+        copy = redis.Redis.from_url(replica.extra["url"])
+        assert copy.get(KEY) == b"a" and int(copy.pttl(KEY)) > 0  # the replica has the key
+        copy.close()
+        # Two replicas asked for, one there: the key is set on the primary, never believed.
+        b = RedisLease(client, "test:lease-b", "b", 5.0, min_replicas_ack=2, ack_timeout_ms=100)
+        with pytest.raises(ReplicaAckError):
+            b.acquire()
+        assert not b.held
+        # The replica goes away: a's renewal reaches the primary, but its belief is not extended.
+        before = a.valid_until
+        replica.kill()
+        with pytest.raises(ReplicaAckError):
+            a.renew()
+        assert a.valid_until == before
+    finally:
+        client.close()
+        replica.stop()
+        primary.stop()
