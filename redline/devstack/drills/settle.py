@@ -126,12 +126,16 @@ def build_window_problems(
     min_requests: int,
     threshold: float,
 ) -> list[str]:
-    """What keeps each region's latency window from being a daytime one: fewer requests than
-    the red line's `min_requests` (a P99 over a few requests is their slowest, so it proves
-    nothing either way) or a P99 over the line. Empty when every region is settled."""
+    """What keeps each region's latency window from being a daytime one: some requests but fewer
+    than the red line's `min_requests` (a P99 over a few requests is their slowest, so it proves
+    nothing either way: one slowish request reads as a breach) or a P99 over the line. A region
+    whose window holds no request serves nothing to judge (the secondary, before a reroute).
+    Empty when every region is settled."""
     problems = []
     for region in regions:
         seen = requests.get(region, 0.0)
+        if seen < 1:
+            continue
         if seen < min_requests:
             problems.append(f"{region}: {seen:.0f} requests in the window < {min_requests}")
             continue

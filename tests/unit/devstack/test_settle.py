@@ -24,9 +24,18 @@ def test_a_night_window_is_not_settled_whatever_its_p99() -> None:
         assert problems == ["primary: 12 requests in the window < 100"]
 
 
-def test_a_region_without_series_is_not_settled() -> None:
-    problems = build_window_problems(REGIONS, {"primary": 300.0}, {"primary": 0.2}, 100, 0.8)
-    assert problems == ["secondary: 0 requests in the window < 100"]
+def test_a_region_without_traffic_has_nothing_to_judge() -> None:
+    # The secondary before a reroute: no series, or an increase of 0.
+    for secondary in ({}, {"secondary": 0.0}):
+        requests = {"primary": 300.0, **secondary}
+        assert build_window_problems(REGIONS, requests, {"primary": 0.2}, 100, 0.8) == []
+
+
+def test_a_trickle_is_not_a_daytime_window() -> None:
+    problems = build_window_problems(
+        REGIONS, {"primary": 300.0, "secondary": 3.0}, {"primary": 0.2}, 100, 0.8
+    )
+    assert problems == ["secondary: 3 requests in the window < 100"]
 
 
 def test_a_full_window_over_the_line_names_its_p99() -> None:
