@@ -354,10 +354,12 @@ def assemble(spec: Spec, definition: DashboardDef) -> Dashboard:
 
 
 def alerts_annotation(name: str, matchers: str, color: str) -> AnnotationDef:
-    """Firing alerts (the `ALERTS` series Prometheus writes) matching `matchers`."""
+    """Firing alerts (the `ALERTS` series Prometheus writes) matching `matchers`: any firing
+    within each step, so an alert shorter than the step still marks the graph (a plain selector
+    reads one instant per step, and the resolved alert's staleness marker hides the rest)."""
     return AnnotationDef(
         name=name,
-        expr=f'ALERTS{{alertstate="firing",{matchers}}}',
+        expr=f'max_over_time(ALERTS{{alertstate="firing",{matchers}}}[$__interval])',
         title="{{alertname}}",
         text="{{alertname}} firing ({{severity}})",
         tags="alertname,severity,playbook",
