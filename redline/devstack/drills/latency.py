@@ -12,7 +12,11 @@ import time
 
 from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
-from redline.devstack.drills.restore import load_reroute_settings, restore_bound
+from redline.devstack.drills.restore import (
+    load_reroute_settings,
+    restore_bound,
+    restore_for_seconds,
+)
 from redline.devstack.drills.settle import settle_seconds
 from redline.devstack.drills.waits import (
     budget_for,
@@ -110,14 +114,11 @@ def restore_wait(ctx: DrillContext) -> float:
         # A stack whose worker reads its settings elsewhere (the compose services): the
         # playbook's defaults, the longest hold-down it would use, bound the wait.
         settings = RerouteSettings()
-    red = ctx.spec.red_lines.latency_p99
-    restore_for = (
-        settings.restore_for_seconds
-        if settings.restore_for_seconds is not None
-        else red.restore.for_seconds
-    )
     bound = restore_bound(
-        restore_for, settings.restore_check_seconds, ctx.spec, ctx.endpoints.federated
+        restore_for_seconds(settings, ctx.spec),
+        settings.restore_check_seconds,
+        ctx.spec,
+        ctx.endpoints.federated,
     )
     evidence = settle_seconds(ctx.spec, Alert.RED_LINE_LATENCY_P99, budget_for(ctx, 0.0))
     return settings.hold_down_seconds + bound + evidence

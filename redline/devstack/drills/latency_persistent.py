@@ -40,7 +40,11 @@ import redis
 from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.latency import LATENCY_FAULT_SECONDS
-from redline.devstack.drills.restore import load_reroute_settings, restore_bound
+from redline.devstack.drills.restore import (
+    load_reroute_settings,
+    restore_bound,
+    restore_for_seconds,
+)
 from redline.devstack.drills.settle import settle_seconds, wait_daytime_window
 from redline.devstack.drills.waits import (
     budget_for,
@@ -374,11 +378,7 @@ def drill_latency_persistent(ctx: DrillContext) -> DrillResult:
         NAME, Alert.RED_LINE_LATENCY_P99, red.playbook, budget_for(ctx, red.for_seconds)
     )
     settings = load_reroute_settings(ctx.probe.layout)
-    restore_for = (
-        settings.restore_for_seconds
-        if settings.restore_for_seconds is not None
-        else red.restore.for_seconds
-    )
+    restore_for = restore_for_seconds(settings, spec)
     run = RunState(
         slow_for=SLOW_PERIODS * (settings.hold_down_seconds + restore_for),
         restore_for=restore_for,

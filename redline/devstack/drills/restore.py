@@ -29,6 +29,13 @@ def restore_bound(restore_for: float, check_seconds: float, spec: Spec, federate
     )
 
 
+def restore_for_seconds(settings: RerouteSettings, spec: Spec) -> float:
+    """The restore period the worker holds to: its override, else the spec's."""
+    if settings.restore_for_seconds is not None:
+        return settings.restore_for_seconds
+    return spec.red_lines.latency_p99.restore.for_seconds
+
+
 def load_reroute_settings(layout: StackLayout) -> RerouteSettings:
     """The `reroute` section the running worker was started with (its settings file)."""
     path = layout.settings_file(WORKER_PART)
@@ -39,4 +46,4 @@ def load_reroute_settings(layout: StackLayout) -> RerouteSettings:
         raise DrillError(f"cannot read the reroute settings in {path}: {exc}") from None
 
 
-__all__ = ["WORKER_PART", "load_reroute_settings", "restore_bound"]
+__all__ = ["WORKER_PART", "load_reroute_settings", "restore_bound", "restore_for_seconds"]
