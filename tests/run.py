@@ -9,9 +9,12 @@ Two pytest processes, one after the other:
 
 Run side by side (until this module's previous version) they failed a few tests in every run on
 two cores, a different few each time: the stack's own P99 went over the red line before a fault,
-a loaded secondary breached in turn, a first-byte budget opened a breaker; with the rest niced
-(as an autogroup: `redline.devstack.priority`) the drills held but the rest's own timed tests
-starved. One after the other costs about 6 minutes of the 15 and fails none of them.
+a loaded secondary breached in turn, a first-byte budget opened a breaker. Niceness does not
+help: with Linux's sched_autogroup every session is weighed against the others at its
+autogroup's nice (`/proc/PID/autogroup`), not its processes' (`nice -n 10` in a session of its
+own still took half of two cores), and with the rest's autogroup niced the drills held but the
+rest's own timed tests starved. One after the other costs about 6 minutes of the 15 and fails
+none of them.
 
 Each runs in a process group of its own, with its output streamed line by line behind a prefix.
 SIGINT, SIGTERM and SIGHUP are passed on to the running part as SIGINT, so pytest stops as Ctrl-C

@@ -24,7 +24,6 @@ from typing import Literal
 
 import httpx
 
-from redline.devstack.priority import inherit_autogroup_nice
 from redline.devstack.tether import OWNER_ENV, record_spawned
 
 APT_PACKAGES = {
@@ -195,9 +194,6 @@ def spawn(argv: Sequence[str], log_path: Path, env: Mapping[str, str] | None = N
         )
     finally:
         os.close(fd)
-    # A session of its own is an autogroup of its own: without this a niced spawner's services
-    # would compete with everything else at full weight (redline.devstack.priority).
-    inherit_autogroup_nice(pid)
     process = Process(pid, start_ticks(pid), tuple(argv), log_path)
     chain = (os.environ if env is None else env).get(OWNER_ENV)
     record_spawned(pid, process.start_ticks, chain)
