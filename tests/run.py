@@ -109,6 +109,11 @@ def combined_status(codes: Sequence[int]) -> int:
     return 0
 
 
+def failure_lines(output: Sequence[str]) -> list[str]:
+    """The FAILED/ERROR lines of a pytest part's short test summary."""
+    return [line for line in output if line.startswith(("FAILED ", "ERROR "))]
+
+
 def _stream(parts: Sequence[Part], out: IO[str]) -> None:
     """Copy each part's output, line by line behind its name, until every part has ended."""
     selector = selectors.DefaultSelector()
@@ -165,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 part.signal(signal.SIGKILL)
                 part.process.wait()
     ran = [part for part in parts if part.process is not None]
+    for part in ran:
+        # Repeated last: a CI log shows its tail, and the e2e part's summary is long scrolled by.
+        for line in failure_lines(part.output):
+            print(f"[{part.name}] {line}", flush=True)
     for part in ran:
         assert part.process is not None
         took = (part.ended or time.monotonic()) - part.started
