@@ -267,9 +267,10 @@ def histogram(
 
 
 def request_counters(
-    spec: Spec, labels: dict[str, str], requests: float, errors: float, steps: int
+    spec: Spec, labels: dict[str, str], requests: float, errors: float | None, steps: int
 ) -> dict[str, str]:
-    """Raw counters of the source adding up to `requests` requests and `errors` errors a step.
+    """Raw counters of the source adding up to `requests` requests and `errors` errors a step;
+    `errors` None writes no error series at all (an engine creates it at the first error).
 
     Where the source's error series is one of its request series (vLLM's
     `http_requests_total{status="5xx"}`, NIM's failures), the errors are written once and the
@@ -281,7 +282,10 @@ def request_counters(
     base = engine_labels(spec, labels)
     err_name, err_labels = err.names[0], satisfying(err.matchers, base)
     out: dict[str, str] = {}
-    if err_name in req.names and all(matches(m, err_labels) for m in req.matchers):
+    if errors is None:
+        name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)
+        out[series(name, good)] = counter(requests, steps)
+    elif err_name in req.names and all(matches(m, err_labels) for m in req.matchers):
         out[series(err_name, err_labels)] = counter(errors, steps)
         if requests > errors:
             name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)

@@ -204,6 +204,11 @@ class Alert(StrEnum):
         ("page",),
         "the CRDT session sync publishes no series",
     )
+    SLO_GROUPS_OVER_LIMIT = (
+        "SLOGroupsOverLimit",
+        ("ticket",),
+        "a grouped SLO counts more groups than its max_groups (every group is still alerted)",
+    )
     AUDIT_CHAIN_BROKEN = (
         "AuditChainBroken",
         ("page",),

@@ -140,6 +140,7 @@ def check_spec(spec: Spec) -> list[Finding]:
     findings: list[Finding] = []
     findings.extend(_threshold_findings(spec))
     findings.extend(_source_findings(spec))
+    findings.extend(_group_findings(spec))
     for name in ("lora_adapter", "session_state", "embedding_index"):
         target = getattr(spec.rpo, name)
         interval = target.checkpoint_interval_seconds
@@ -249,6 +250,24 @@ def _source_findings(spec: Spec) -> list[Finding]:
             )
         )
     return findings
+
+
+def _group_findings(spec: Spec) -> list[Finding]:
+    """Grouped SLOs that can hold one group only: grouped by model alone (and its version, one
+    active at a time) where the source names one constant model."""
+    model = spec.sources.resolve().profile.model
+    if model is None:
+        return []
+    return [
+        Finding(
+            "warning",
+            f"slos[{index}].group_by",
+            f"the {spec.sources.profile} source serves the one model {model!r} "
+            "(sources.model): grouping by model or model_version yields a single group",
+        )
+        for index, slo in enumerate(spec.slos)
+        if slo.group_by and set(slo.group_by) <= {"model", "model_version"}
+    ]
 
 
 def _escalation_findings(spec: Spec) -> list[Finding]:

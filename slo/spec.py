@@ -257,6 +257,13 @@ def _check_selector(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+GroupLabel = Literal["model", "model_version", "region", "served_region"]
+"""Labels an SLO can be grouped by: those every request series carries, whatever the source
+(`status` and `rerouted` describe a request, not who it is for; request series carry no tenant:
+a tenant per request series would multiply the latency histogram's buckets by the tenants)."""
+GROUP_LABELS: tuple[str, ...] = get_args(GroupLabel)
+
+
 class Slo(_Model):
     """An error-budget SLO alerted with multiwindow multi-burn-rate rules."""
 
@@ -276,6 +283,26 @@ class Slo(_Model):
         description="A burn-rate alert needs at least this many events in its long window: a "
         "low-traffic service does not page on a handful of failed requests (0 turns it off).",
     )
+    group_by: tuple[GroupLabel, ...] = Field(
+        (),
+        description="One SLO per value of these labels, each with its own budget, min_events "
+        "and burn alerts labelled with the group: an adapter failing 20 % of its requests at "
+        "2 % of the traffic pages, where the fleet's average would hide it.",
+    )
+    max_groups: PositiveInt = Field(
+        50,
+        description=f"With group_by: more groups than this fire "
+        f"{alerts.Alert.SLO_GROUPS_OVER_LIMIT.value} (ticket); every group is still evaluated, "
+        "none dropped.",
+    )
+
+    @field_validator("group_by")
+    @classmethod
+    def _distinct_group_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        repeated = sorted({label for label in value if value.count(label) > 1})
+        if repeated:
+            raise ValueError(f"group_by names {', '.join(repeated)} more than once")
+        return value
 
     @property
     def burn_alert_name(self) -> str:

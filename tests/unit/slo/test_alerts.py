@@ -44,7 +44,10 @@ def _variants() -> list[Spec]:
     mutation = spec.model_copy(
         update={"rollback": spec.rollback.model_copy(update={"on_mutation": True})}
     )
-    return [spec, mutation]
+    grouped = spec.model_copy(
+        update={"slos": tuple(s.model_copy(update={"group_by": ("model",)}) for s in spec.slos)}
+    )
+    return [spec, mutation, grouped]
 
 
 def _alerts(spec: Spec) -> list[AlertRule]:
@@ -57,7 +60,7 @@ def test_the_rules_raise_every_catalog_alert_and_no_other() -> None:
     assert raised == alert_names() | burn
 
 
-@pytest.mark.parametrize("spec", _variants(), ids=["default", "on-mutation"])
+@pytest.mark.parametrize("spec", _variants(), ids=["default", "on-mutation", "grouped"])
 def test_each_alert_fires_with_a_severity_and_playbook_the_catalog_names(spec: Spec) -> None:
     for rule in _alerts(spec):
         severity = rule.labels["severity"]
