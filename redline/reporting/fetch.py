@@ -19,6 +19,7 @@ from redline.reporting.queries import (
     MODE_LABEL,
     check_step,
     dur,
+    fleet_slo,
     live_query,
     remediation_events_query,
     remediation_guards_query,
@@ -125,19 +126,37 @@ def _hourly(
 
 
 def fetch_slo_series(client: PrometheusClient, spec: Spec, slo: Slo, window: Window) -> SloSeries:
-    """Hourly events and bad share over this and the previous period, and the 1 h burn."""
+    """Hourly events and bad share over this and the previous period, and the 1 h burn; a
+    grouped SLO's fleet from the raw series and each group's hours beside it."""
     previous = window.previous
+    fleet, recorded = fleet_slo(slo), not slo.group_by
     hourly = fetch_range(
-        client, slo_hourly_query(spec, slo), previous.start + HOUR, window.end, HOUR
+        client, slo_hourly_query(spec, fleet, recorded), previous.start + HOUR, window.end, HOUR
     )
     stats = {labels.get("stat", ""): dict(points) for labels, points in hourly}
     burn = fetch_range(
-        client, slo_ratio_expr(spec, slo, "1h"), window.start + BURN_STEP, window.end, BURN_STEP
+        client,
+        slo_ratio_expr(spec, fleet, "1h", recorded),
+        window.start + BURN_STEP,
+        window.end,
+        BURN_STEP,
     )
+    groups: dict[tuple[tuple[str, str], ...], dict[str, dict[float, float]]] = {}
+    if slo.group_by:
+        grouped = fetch_range(
+            client, slo_hourly_query(spec, slo), previous.start + HOUR, window.end, HOUR
+        )
+        for labels, points in grouped:
+            key = tuple((name, labels.get(name, "")) for name in slo.group_by)
+            groups.setdefault(key, {})[labels.get("stat", "")] = dict(points)
     return SloSeries(
         hourly_total=stats.get("total", {}),
         hourly_ratio=stats.get("ratio", {}),
         burn_ratio=[point for _, points in burn for point in points],
+        groups={
+            key: SloSeries(hourly_total=got.get("total", {}), hourly_ratio=got.get("ratio", {}))
+            for key, got in sorted(groups.items())
+        },
     )
 
 

@@ -45,18 +45,28 @@ def slo_total_expr(spec: Spec, slo: Slo, window: str) -> str:
     return slo_events_expr(spec, slo, window)
 
 
-def slo_ratio_expr(spec: Spec, slo: Slo, window: str) -> str:
-    """The recorded bad share where it exists, the raw expression where not."""
-    recorded = f'max({error_ratio_record(window)}{{slo="{slo.name}"}})'
-    return f"{recorded} or ({slo_error_ratio_expr(spec, slo, window)})"
+def fleet_slo(slo: Slo) -> Slo:
+    """`slo` over the whole fleet: a grouped SLO's groups summed."""
+    return slo.model_copy(update={"group_by": ()})
 
 
-def slo_hourly_query(spec: Spec, slo: Slo) -> str:
-    """Events and bad share of each hour (points at each hour's end)."""
+def slo_ratio_expr(spec: Spec, slo: Slo, window: str, recorded: bool = True) -> str:
+    """The recorded bad share where it exists, the raw expression where not (per group when
+    `slo` is grouped). `recorded=False` reads the raw series only: a grouped SLO's recordings
+    hold its groups, never the fleet."""
+    raw = slo_error_ratio_expr(spec, slo, window)
+    if not recorded:
+        return raw
+    by = f" by ({', '.join(slo.group_by)}) " if slo.group_by else ""
+    return f'max{by}({error_ratio_record(window)}{{slo="{slo.name}"}}) or ({raw})'
+
+
+def slo_hourly_query(spec: Spec, slo: Slo, recorded: bool = True) -> str:
+    """Events and bad share of each hour (points at each hour's end), per group when grouped."""
     return (
         _stat(slo_total_expr(spec, slo, "1h"), "total")
         + "\nor "
-        + _stat(f"({slo_ratio_expr(spec, slo, '1h')})", "ratio")
+        + _stat(f"({slo_ratio_expr(spec, slo, '1h', recorded)})", "ratio")
     )
 
 

@@ -46,6 +46,7 @@ from redline.slo.report.model import (
     Report,
     SignalHour,
     SignalReport,
+    SloGroup,
     SloHour,
     SloReport,
     Summary,
@@ -112,6 +113,36 @@ def _slo_hours(series: SloSeries, hours: Iterable[float]) -> _Hours:
     return _Hours(events, bad, with_data, per_hour)
 
 
+def build_slo_groups(slo: Slo, series: SloSeries, window: Window) -> list[SloGroup]:
+    """A grouped SLO's rows, one per group with its own budget, the most budget spent first."""
+    groups = []
+    for key, group in series.groups.items():
+        hours = _slo_hours(group, window.hours())
+        attained = attainment(hours.bad, hours.events)
+        budget = error_budget(slo.objective, hours.bad, hours.events)
+        groups.append(
+            SloGroup(
+                labels=dict(key),
+                status=slo_status(attained, slo.objective, budget.consumed if budget else None),
+                events=round(hours.events, 3),
+                bad_events=round(hours.bad, 3),
+                attainment=_r(attained),
+                budget_consumed=_r(budget.consumed) if budget else None,
+                budget_remaining=_r(budget.remaining) if budget else None,
+                hours_with_data=hours.with_data,
+            )
+        )
+    # Worst first; a group without events (no budget to spend) last; then by labels, stably.
+    return sorted(
+        groups,
+        key=lambda g: (
+            g.budget_consumed is None,
+            -(g.budget_consumed or 0.0),
+            sorted(g.labels.items()),
+        ),
+    )
+
+
 def build_slo_report(spec: Spec, slo: Slo, series: SloSeries, window: Window) -> SloReport:
     """Attainment, budget, burn rates and the worst hour of one SLO."""
     current = _slo_hours(series, window.hours())
@@ -167,6 +198,8 @@ def build_slo_report(spec: Spec, slo: Slo, series: SloSeries, window: Window) ->
             SloHour(start=_dt(end - HOUR), events=_r(ev, 3), bad=_r(b, 3))
             for end, ev, b in current.per_hour
         ],
+        group_by=list(slo.group_by),
+        groups=build_slo_groups(slo, series, window),
     )
 
 

@@ -57,6 +57,9 @@ class SloSeries:
     hourly_total: Mapping[float, float]  # hour end -> events in that hour
     hourly_ratio: Mapping[float, float]  # hour end -> share of bad events in that hour
     burn_ratio: Sequence[tuple[float, float]] = ()  # (ts, bad share over the hour before ts)
+    # A grouped SLO's groups (`slos[].group_by`), each keyed by its (label, value) pairs in
+    # group_by's order; the fields above are then the whole fleet's.
+    groups: Mapping[tuple[tuple[str, str], ...], SloSeries] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,19 @@ class SloHour(_Out):
     bad: float | None = Field(description="Bad events in the hour; null without data.")
 
 
+class SloGroup(_Out):
+    """One group of a grouped SLO (`slos[].group_by`) over the period: its own budget."""
+
+    labels: dict[str, str] = Field(description="The group's label values.")
+    status: Status
+    events: float = Field(description="Events in the period.")
+    bad_events: float = Field(description="Bad events in the period.")
+    attainment: float | None = Field(description="Share of good events; null without events.")
+    budget_consumed: float | None = Field(description="Share of the group's error budget spent.")
+    budget_remaining: float | None = Field(description="Share of the group's error budget left.")
+    hours_with_data: int
+
+
 class SloReport(_Out):
     """An error-budget SLO over the period."""
 
@@ -62,6 +75,14 @@ class SloReport(_Out):
     previous_attainment: float | None
     previous_budget_consumed: float | None
     hourly: list[SloHour]
+    group_by: list[str] = Field(
+        default_factory=list, description="The labels the SLO is grouped by; empty when not."
+    )
+    groups: list[SloGroup] = Field(
+        default_factory=list,
+        description="One row per group, the most budget spent first; the fields above are the "
+        "whole fleet's.",
+    )
 
 
 class SignalHour(_Out):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date, datetime
 
 from redline.slo.report.model import Summary
@@ -75,6 +76,11 @@ def when(moment: datetime | None) -> str:
 def day(moment: date) -> str:
     """A calendar day."""
     return moment.isoformat()
+
+
+def group(labels: Mapping[str, str]) -> str:
+    """A grouped SLO's group as printed: `model=a, region=eu`."""
+    return ", ".join(f"{name}={value}" for name, value in labels.items())
 
 
 def status(value: str) -> str:

@@ -29,6 +29,7 @@ def _environment() -> Environment:
         duration=f.duration,
         when=f.when,
         status=f.status,
+        group=f.group,
         signed=f.signed,
         plain=f.plain,
         runs_detail=f.runs_detail,

@@ -43,6 +43,7 @@ def render_markdown(report: Report) -> str:
         _overview(report),
         *([_notes(report)] if report.notes else []),
         _slos(report),
+        *([_slo_groups(report)] if any(slo.groups for slo in report.slos) else []),
         _red_lines(report),
         _rpos(report),
         _drift(report),
@@ -109,6 +110,26 @@ def _slos(report: Report) -> list[str]:
                 else f.NA,
             ]
             for slo in report.slos
+        ],
+    )
+
+
+def _slo_groups(report: Report) -> list[str]:
+    return ["### SLO groups", "", "Each group's own budget, the most spent first.", ""] + table(
+        ["SLO", "group", "attained", "status", "events", "bad events", "consumed", "remaining"],
+        [
+            [
+                slo.name,
+                f.group(g.labels),
+                f.pct(g.attainment),
+                f.status(g.status),
+                f.number(g.events),
+                f.number(g.bad_events),
+                f.pct(g.budget_consumed),
+                f.pct(g.budget_remaining),
+            ]
+            for slo in report.slos
+            for g in slo.groups
         ],
     )
 

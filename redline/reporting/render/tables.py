@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from datetime import date, datetime
 
+from redline.reporting.render import format as f
 from redline.slo.report import Report, SignalReport
 
 CellValue = str | float | int | bool | None | datetime | date
@@ -62,6 +63,10 @@ JOB_COLUMNS = ("id", "playbook", "outcome", "started", "finished", "duration_sec
 CALENDAR_COLUMNS = ("day", "kind", "subject", "attainment", "status", "seconds_over", "incidents")
 DELTA_COLUMNS = ("subject", "metric", "unit", "current", "previous", "change")
 MATURITY_COLUMNS = ("level", "check", "requirement", "status", "evidence")
+SLO_GROUP_COLUMNS = (
+    "slo", "group", "status", "events", "bad_events", "attainment", "budget_consumed",
+    "budget_remaining", "hours_with_data",
+)  # fmt: skip
 SLO_HOURLY_COLUMNS = ("slo", "hour", "events", "bad_events")
 SIGNAL_HOURLY_COLUMNS = (
     "kind",
@@ -123,6 +128,25 @@ def render_csv_tables(report: Report) -> dict[str, str]:
             ],
         ),
     }
+    if any(s.groups for s in report.slos):
+        tables["slo_groups.csv"] = _csv(
+            SLO_GROUP_COLUMNS,
+            [
+                [
+                    s.name,
+                    f.group(g.labels),
+                    g.status,
+                    g.events,
+                    g.bad_events,
+                    g.attainment,
+                    g.budget_consumed,
+                    g.budget_remaining,
+                    g.hours_with_data,
+                ]  # fmt: skip
+                for s in report.slos
+                for g in s.groups
+            ],
+        )
     if report.remediation_jobs is not None:
         tables["remediation_jobs.csv"] = _csv(
             JOB_COLUMNS,

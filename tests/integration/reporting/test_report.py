@@ -7,6 +7,7 @@ gauges the sample wrote), never from Prometheus, and compared with the report's.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 import subprocess
@@ -29,6 +30,9 @@ from redline.devstack.samples.report import (
     write_openmetrics,
 )
 from redline.reporting.render import format as fmt
+from redline.reporting.render.html import render_html
+from redline.reporting.render.markdown import render_markdown
+from redline.reporting.render.tables import render_csv_tables
 from redline.reporting.run import generate_report
 from redline.slo import catalog
 from redline.slo.load import load_spec
@@ -84,15 +88,16 @@ def _increase(values: np.ndarray, sample: Sample, window: Window) -> float:
     return float(values[_index(sample, window.end)] - values[_index(sample, window.start)])
 
 
-def expected_slo(sample: Sample, name: str, window: Window) -> tuple[float, float]:
-    """(events, bad events) of an SLO in the window."""
+def expected_slo(sample: Sample, name: str, window: Window, **labels: str) -> tuple[float, float]:
+    """(events, bad events) of an SLO in the window, over the series with `labels`."""
     if name == "latency":
-        total = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.count)
-        fast = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.bucket, le="0.8")
+        total = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.count, **labels)
+        fast = sample.values(catalog.LLM_REQUEST_DURATION_SECONDS.bucket, le="0.8", **labels)
         events = _increase(total, sample, window)
         return events, events - _increase(fast, sample, window)
-    events = _increase(sample.values(catalog.LLM_REQUESTS_TOTAL.name), sample, window)
-    return events, _increase(sample.values(catalog.LLM_REQUEST_ERRORS_TOTAL.name), sample, window)
+    events = _increase(sample.values(catalog.LLM_REQUESTS_TOTAL, **labels), sample, window)
+    errors = sample.values(catalog.LLM_REQUEST_ERRORS_TOTAL, **labels)
+    return events, _increase(errors, sample, window)
 
 
 def _steps(sample: Sample, window: Window) -> np.ndarray:
@@ -157,6 +162,41 @@ def test_attainment_and_budget_equal_the_injected_counts(
     assert latency.worst_hour is not None
     assert latency.worst_hour.isoformat().startswith("2025-03-03T10:00")
     assert latency.burn_rate_peak is not None and latency.burn_rate_peak > 14.4
+
+
+def test_a_grouped_slo_reports_its_fleet_and_each_group_with_its_own_budget(
+    month: Report, prometheus: Service, sample_and_blocks: tuple[Sample, Path], spec: Spec
+) -> None:
+    sample = sample_and_blocks[0]
+    slos = tuple(slo.model_copy(update={"group_by": ("region",)}) for slo in spec.slos)
+    grouped = spec.model_copy(update={"slos": slos})
+    report = generate_report(prometheus.url, grouped, "grouped", MONTH).report
+    objectives = {slo.name: slo.objective for slo in spec.slos}
+    for slo, fleet in zip(report.slos, month.slos, strict=True):
+        # The fleet's row is the ungrouped SLO's, read from the raw series.
+        assert slo.group_by == ["region"] and not fleet.groups
+        assert slo.events == pytest.approx(fleet.events, abs=0.5)
+        assert slo.bad_events == pytest.approx(fleet.bad_events, abs=0.5)
+        assert sorted(g.labels["region"] for g in slo.groups) == sorted(REGIONS)
+        for group in slo.groups:
+            events, bad = expected_slo(sample, slo.name, MONTH, region=group.labels["region"])
+            assert group.events == pytest.approx(events, abs=0.5)
+            assert group.bad_events == pytest.approx(bad, abs=0.5)
+            assert group.budget_consumed is not None
+            assert abs(group.budget_consumed - bad / ((1 - objectives[slo.name]) * events)) < PP
+            assert group.hours_with_data == 720
+        consumed = [g.budget_consumed or 0.0 for g in slo.groups]
+        assert consumed == sorted(consumed, reverse=True)
+    # The injected latency incident hit the primary alone: its group spent the most.
+    latency = next(s for s in report.slos if s.name == "latency")
+    assert latency.groups[0].labels == {"region": "primary"}
+    markdown = render_markdown(report)
+    assert "### SLO groups" in markdown and "| latency | region=primary |" in markdown
+    assert "SLO groups" not in render_markdown(month)
+    rows = list(csv.DictReader(io.StringIO(render_csv_tables(report)["slo_groups.csv"])))
+    assert len(rows) == len(REGIONS) * len(report.slos)
+    assert "slo_groups.csv" not in render_csv_tables(month)
+    assert "<h3>SLO groups</h3>" in render_html(report)
 
 
 def test_time_over_each_red_line_and_rpo_equals_the_injected_breaches(

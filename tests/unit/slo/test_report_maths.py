@@ -89,6 +89,30 @@ def test_slo_without_traffic_is_not_a_fake_hundred_percent() -> None:
     assert empty.status == "no_data" and "no samples" in (empty.message or "")
 
 
+def test_each_group_of_a_grouped_slo_has_its_own_budget_worst_first() -> None:
+    spec = load_spec(None).spec
+    slo = spec.slos[0].model_copy(update={"group_by": ("model",)})
+    window = Window(T0, T0 + 2 * H)
+    hours = (T0 + H, T0 + 2 * H)
+    # The fleet's 0.4 % bad share hides an adapter failing 20 % of its 2 % of the traffic.
+    groups = {
+        (("model", "base"),): SloSeries(dict.fromkeys(hours, 980.0), dict.fromkeys(hours, 0.0)),
+        (("model", "adapter"),): SloSeries(dict.fromkeys(hours, 20.0), dict.fromkeys(hours, 0.2)),
+        (("model", "idle"),): SloSeries(dict.fromkeys(hours, 0.0), {}),
+    }
+    fleet = SloSeries(dict.fromkeys(hours, 1000.0), dict.fromkeys(hours, 0.004), groups=groups)
+    report = build_slo_report(spec, slo, fleet, window)
+    assert report.group_by == ["model"] and report.bad_events == pytest.approx(8.0)
+    assert [g.labels["model"] for g in report.groups] == ["adapter", "base", "idle"]
+    adapter, base, idle = report.groups
+    assert (adapter.events, adapter.bad_events) == (40.0, 8.0)
+    assert adapter.budget_consumed == pytest.approx(8.0 / ((1 - slo.objective) * 40.0))
+    assert adapter.status == "fail" and base.status == "pass" and base.bad_events == 0.0
+    assert idle.budget_consumed is None and idle.status == "no_data"
+    ungrouped = build_slo_report(spec, spec.slos[0], SloSeries({}, {}), window)
+    assert ungrouped.group_by == [] and ungrouped.groups == []
+
+
 def test_windows() -> None:
     now = T0 + 10 * 86400 + 1234
     assert choose_window("7d", None, None, now) == Window(T0 + 3 * 86400, T0 + 10 * 86400)
