@@ -142,6 +142,8 @@ class DashboardDef:
     sections: tuple[Section, ...]
     annotations: tuple[AnnotationDef, ...] = ()
     variables: tuple[str, ...] = ("region", "model")
+    group_variables: tuple[str, ...] = ()
+    """SLO group labels, each a variable of its own read from the SLO recordings."""
     tags: tuple[str, ...] = field(default=("redline",))
 
 
@@ -168,6 +170,11 @@ def model_matcher() -> str:
     return 'model=~"$model"'
 
 
+def variable_matcher(label: str) -> str:
+    """The matcher of `label` Grafana fills from the multi-valued variable of the same name."""
+    return f'{label}=~"${label}"'
+
+
 def measures_reroute(spec: Spec) -> bool:
     """True when the latency is measured end to end around cross-region reroutes: the spec says
     so and its source can (only redline's gateway sees a request leave for another region)."""
@@ -190,14 +197,28 @@ def source_description(spec: Spec, left_out: dict[str, str]) -> str:
     return text
 
 
-def build_variables(spec: Spec, names: Sequence[str]) -> list[Template]:
-    """`$datasource` first, then the label variables the dashboard filters on."""
+def group_variable_query(label: str) -> str:
+    """The values of an SLO group label, read where only grouped SLOs carry it: the budget left,
+    recorded for every group with events in its period (not just the last hour's)."""
+    return f"label_values({catalog.SLO_ERROR_BUDGET_REMAINING_RECORD}, {label})"
+
+
+def build_variables(
+    spec: Spec, names: Sequence[str], group_labels: Sequence[str] = ()
+) -> list[Template]:
+    """`$datasource` first, then the label variables the dashboard filters on, then one per
+    SLO group label."""
     queries = {
         # A recording every source writes with the catalog's `region` (an engine's own series
         # may name it otherwise).
         "region": ("Region", f"label_values({window_requests_record(spec)}, region)"),
         "model": ("Model", f"label_values({catalog.MODEL_ACTIVE_INFO}, model)"),
     }
+    clash = sorted(set(names) & set(group_labels))
+    if clash:
+        raise ValueError(f"variables {', '.join(clash)} are both label and group variables")
+    for label in group_labels:
+        queries[label] = (label.replace("_", " ").capitalize(), group_variable_query(label))
     variables = [
         Template(
             name=DATASOURCE_VAR,
@@ -207,7 +228,7 @@ def build_variables(spec: Spec, names: Sequence[str]) -> list[Template]:
             default="Prometheus",
         )
     ]
-    for name in names:
+    for name in [*names, *group_labels]:
         label, query = queries[name]
         variables.append(
             Template(
@@ -328,7 +349,9 @@ def assemble(spec: Spec, definition: DashboardDef) -> Dashboard:
         uid=dashboard_uid(spec, definition.slug),
         tags=[*definition.tags, spec.service],
         panels=panels,
-        templating=Templating(list=build_variables(spec, definition.variables)),
+        templating=Templating(
+            list=build_variables(spec, definition.variables, definition.group_variables)
+        ),
         annotations=Annotations(list=annotations),
         time=Time("now-6h", "now"),
         refresh="30s",

@@ -1,5 +1,6 @@
 """The *Error budgets* dashboard: per SLO remaining budget, burn rates per window pair, and the
-time left until the budget is gone."""
+time left until the budget is gone. A grouped SLO draws one series per group, filtered by a
+variable per group label."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from redline.dashboards.panels import (
     assemble,
     bad_above,
     bad_below,
+    variable_matcher,
 )
 from redline.rules.families.slo import BURN_WINDOWS, burn_factor
 from redline.rules.model import format_duration, number, selector
 from redline.slo import catalog
-from redline.slo.spec import Slo, Spec, parse_duration
+from redline.slo.spec import GROUP_LABELS, Slo, Spec, parse_duration
 
 SLUG = "error-budgets"
 BURN_UNIT = "suffix:×"
@@ -31,10 +33,26 @@ def exhaustion_window_seconds() -> int:
     return min(w.long_seconds for w in BURN_WINDOWS if w.severity == "page")
 
 
+def slo_selector(slo: Slo) -> str:
+    """`{slo="<name>"}`, and a grouped SLO's group labels as their variables filter them."""
+    return selector({"slo": slo.name}, *(variable_matcher(label) for label in slo.group_by))
+
+
+def group_legend(slo: Slo) -> str:
+    """A grouped SLO's legend: its group labels (`{{model}}`); '' for an ungrouped SLO."""
+    return " ".join(f"{{{{{label}}}}}" for label in slo.group_by)
+
+
+def group_variables(spec: Spec) -> tuple[str, ...]:
+    """Every label some SLO is grouped by, in the spec's label order."""
+    used = {label for slo in spec.slos for label in slo.group_by}
+    return tuple(label for label in GROUP_LABELS if label in used)
+
+
 def burn_rate_expr(slo: Slo, window_seconds: int) -> str:
     """The burn rate of `slo` over a window: its error ratio over the budget (1 = sustainable)."""
     budget = number(1 - slo.objective)
-    sel = selector({"slo": slo.name})
+    sel = slo_selector(slo)
     return f"{catalog.slo_errors_record(format_duration(window_seconds))}{sel} / {budget}"
 
 
@@ -45,10 +63,11 @@ def exhaustion_expr(slo: Slo) -> str:
     period means the same thing to an operator (the budget outlasts it), so it reads as the period.
     """
     period = number(parse_duration(slo.period))
-    sel = selector({"slo": slo.name})
+    sel = slo_selector(slo)
     burn = burn_rate_expr(slo, exhaustion_window_seconds())
     remaining = catalog.SLO_ERROR_BUDGET_REMAINING_RECORD
-    projected = f"clamp_min({remaining}{sel}, 0) * {period}\n/ on (slo)\n({burn})"
+    on = ", ".join(("slo", *slo.group_by))  # one budget per group: matched group by group
+    projected = f"clamp_min({remaining}{sel}, 0) * {period}\n/ on ({on})\n({burn})"
     return f"clamp_max(\n{projected},\n{period}\n)"
 
 
@@ -57,10 +76,11 @@ def _slo_section(spec: Spec, slo: Slo) -> Section:
     period = parse_duration(slo.period)
     fastest = max(burn_factor(w, period) for w in BURN_WINDOWS if w.severity == "page")
     objective = f"{number(slo.objective * 100)} % over {slo.period}"
+    group = group_legend(slo)
     remaining = Query(
-        f"{catalog.SLO_ERROR_BUDGET_REMAINING_RECORD}{selector({'slo': slo.name})}", "remaining"
+        f"{catalog.SLO_ERROR_BUDGET_REMAINING_RECORD}{slo_selector(slo)}", group or "remaining"
     )
-    exhaustion = Query(exhaustion_expr(slo), "at the current burn rate")
+    exhaustion = Query(exhaustion_expr(slo), group or "at the current burn rate")
     # Red: gone sooner than the fastest page burn empties a full budget; orange: within a period.
     exhaustion_steps = (Step("red", None), Step("orange", period / fastest), Step("green", period))
     panels = [
@@ -103,8 +123,8 @@ def _slo_section(spec: Spec, slo: Slo) -> Section:
                 f"{slo.name}: burn rate {long_w}/{short_w} ({window.severity} at "
                 f"{number(round(factor, 2))}×)",
                 (
-                    Query(burn_rate_expr(slo, window.long_seconds), long_w),
-                    Query(burn_rate_expr(slo, window.short_seconds), short_w),
+                    Query(burn_rate_expr(slo, window.long_seconds), f"{group} {long_w}".strip()),
+                    Query(burn_rate_expr(slo, window.short_seconds), f"{group} {short_w}".strip()),
                 ),
                 book,
                 BURN_UNIT,
@@ -131,6 +151,7 @@ def build_error_budgets_definition(spec: Spec) -> DashboardDef:
         sections=tuple(_slo_section(spec, slo) for slo in spec.slos),
         annotations=alert_and_remediation_annotations("Burn-rate alerts", 'slo!=""', "orange"),
         variables=(),
+        group_variables=group_variables(spec),
     )
 
 

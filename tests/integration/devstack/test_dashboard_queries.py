@@ -4,7 +4,8 @@ variables filter as Grafana would fill them.
 
 Run per source profile: the committed dashboards over redline's gateway series, and the vLLM
 profile's dashboards over vLLM's own series (no gateway), which reach the panels only through
-the rules' `redline:source:` mirror and the recordings over it."""
+the rules' `redline:source:` mirror and the recordings over it; and once more over the gateway
+with the SLOs grouped, whose error-budget panels filter on a variable per group label."""
 
 from __future__ import annotations
 
@@ -39,13 +40,29 @@ HOURS = 3.0
 
 
 GATEWAY = "redline-gateway"
+GROUPED = "grouped-slos"
+BUDGETS = "error-budgets.json"
 
 
-@pytest.fixture(scope="module", params=[GATEWAY, "vllm"])
+def grouped_spec(spec: Spec) -> Spec:
+    """`spec` with its first SLO grouped by model and the others by model and region."""
+    slos = tuple(
+        slo.model_copy(update={"group_by": ("model",) if index == 0 else ("model", "region")})
+        for index, slo in enumerate(spec.slos)
+    )
+    return spec.model_copy(update={"slos": slos})
+
+
+@pytest.fixture(scope="module", params=[GATEWAY, "vllm", GROUPED])
 def spec(request: pytest.FixtureRequest) -> Spec:
-    """The spec the committed dashboards are generated from, or the same spec over vLLM."""
+    """The spec the committed dashboards are generated from, the same spec over vLLM, or with
+    its SLOs grouped."""
     default = load_spec().spec
-    return default if request.param == GATEWAY else profile_spec(default, request.param)
+    if request.param == GATEWAY:
+        return default
+    if request.param == GROUPED:
+        return grouped_spec(default)
+    return profile_spec(default, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +81,8 @@ def client(prometheus: SamplePrometheus) -> Iterator[PrometheusClient]:
 
 
 def _load(name: str, spec: Spec) -> dict[str, Any]:
-    """The committed dashboard for the default spec, the built one for another profile."""
-    if spec.sources.profile == GATEWAY:
+    """The committed dashboard for the default spec, the built one for another spec."""
+    if spec == load_spec().spec:
         data: dict[str, Any] = json.loads((ROOT / DASHBOARDS_DIR / name).read_text("utf-8"))
         return data
     return dashboard_json(build_dashboards(spec)[name], spec.sources.profile)
@@ -93,6 +110,40 @@ def test_every_panel_query_returns_data(
         assert "$" not in outcome.expr, f"{name}: {outcome.where}: unsubstituted {outcome.expr}"
     bad = [outcome for outcome in outcomes if not outcome.has_data]
     assert not bad, f"{name}: queries without data:\n" + render_outcomes(bad)
+
+
+@pytest.mark.parametrize("spec", [GROUPED], indirect=True)
+def test_group_variables_filter_the_grouped_slo_panels(
+    client: PrometheusClient, prometheus: SamplePrometheus, spec: Spec
+) -> None:
+    """Each group label's variable lists the groups the SLO recordings hold; every panel query
+    of a grouped SLO draws one series per group, and one value selected keeps that group only."""
+    grouped = [slo for slo in spec.slos if slo.group_by]
+    dashboard = _load(BUDGETS, spec)
+    context = _context(client, dashboard, prometheus, spec)
+    assert set(context.values) == {label for slo in grouped for label in slo.group_by}
+    assert context.values["model"] == ["chat"]  # the sample's one model
+    assert context.values.get("region", sorted(spec.regions)) == sorted(spec.regions)
+    for slo in grouped:
+        queries = [
+            q for q in panel_queries(dashboard) if q.where.split("'")[1].startswith(f"{slo.name}: ")
+        ]
+        assert len(queries) >= 11, slo.name
+        for query in queries:
+            result = fetch_query_range(client, substitute(query.expr, context), context)
+            groups = [tuple(s["metric"][label] for label in slo.group_by) for s in result]
+            assert len(groups) == len(set(groups)), f"{query.where}: a group twice: {groups}"
+            for index, label in enumerate(slo.group_by):
+                assert {group[index] for group in groups} == set(context.values[label]), query
+                for value in context.values[label]:
+                    one = GrafanaContext(
+                        context.start,
+                        context.end,
+                        context.scrape_interval,
+                        {**context.values, label: [value]},
+                    )
+                    some = fetch_query_range(client, substitute(query.expr, one), one)
+                    assert some and {s["metric"][label] for s in some} == {value}, query.where
 
 
 def test_panels_over_an_engine_read_only_its_series_through_the_recordings(
