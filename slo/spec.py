@@ -105,6 +105,23 @@ class RestorePolicy(_Model):
     )
 
 
+GroupLabel = Literal["model", "model_version", "region", "served_region"]
+"""Labels an SLO can be grouped by: those every request series carries, whatever the source
+(`status` and `rerouted` describe a request, not who it is for; request series carry no tenant:
+a tenant per request series would multiply the latency histogram's buckets by the tenants)."""
+GROUP_LABELS: tuple[str, ...] = get_args(GroupLabel)
+RedLineGroupLabel = Literal["model", "model_version"]
+"""Labels the latency red line can be grouped by besides its region."""
+
+
+def distinct_labels(value: tuple[str, ...]) -> tuple[str, ...]:
+    """`value` unchanged; ValueError when it names a label twice."""
+    repeated = sorted({label for label in value if value.count(label) > 1})
+    if repeated:
+        raise ValueError(f"group_by names {', '.join(repeated)} more than once")
+    return value
+
+
 class LatencyRedLine(_Model):
     """End-to-end P99 latency measured at the gateway, including cross-region reroutes."""
 
@@ -128,10 +145,22 @@ class LatencyRedLine(_Model):
         description="Under `min_requests`, page a human (no playbook) when at least this many "
         "requests of the window were slower than the threshold (0: never).",
     )
+    group_by: tuple[RedLineGroupLabel, ...] = Field(
+        (),
+        description="One red line per region and value of these labels, each with its own "
+        "min_requests: a model over the line pages even when the region's other models keep "
+        "the region's P99 under it. The reroute still moves the whole region (the gateway "
+        "routes by region).",
+    )
     playbook: PlaybookName | None = Field("reroute", description="Playbook run on a breach.")
     restore: RestorePolicy = Field(
         default_factory=RestorePolicy, description="When the reroute hands the traffic back."
     )
+
+    @field_validator("group_by")
+    @classmethod
+    def _distinct_group_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return distinct_labels(value)
 
 
 class ContextKeepaliveRedLine(_Model):
@@ -257,13 +286,6 @@ def _check_selector(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-GroupLabel = Literal["model", "model_version", "region", "served_region"]
-"""Labels an SLO can be grouped by: those every request series carries, whatever the source
-(`status` and `rerouted` describe a request, not who it is for; request series carry no tenant:
-a tenant per request series would multiply the latency histogram's buckets by the tenants)."""
-GROUP_LABELS: tuple[str, ...] = get_args(GroupLabel)
-
-
 class Slo(_Model):
     """An error-budget SLO alerted with multiwindow multi-burn-rate rules."""
 
@@ -299,10 +321,7 @@ class Slo(_Model):
     @field_validator("group_by")
     @classmethod
     def _distinct_group_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        repeated = sorted({label for label in value if value.count(label) > 1})
-        if repeated:
-            raise ValueError(f"group_by names {', '.join(repeated)} more than once")
-        return value
+        return distinct_labels(value)
 
     @property
     def burn_alert_name(self) -> str:

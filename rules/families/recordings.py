@@ -62,12 +62,14 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     def latency(by: tuple[str, ...], over: str, suffix: str, fn: Fn = "rate", *m: str) -> str:
         return aggregate(spec, "request_duration", over, by, suffix=suffix, fn=fn, matchers=m)
 
-    count_in_window = latency(("region",), red.window, "_count", "increase")
-    fast_in_window = latency(("region",), red.window, "_bucket", "increase", le_matcher(slow))
+    # The red line's figures per region, and per group when it is grouped.
+    red_by = (catalog.LABEL_REGION, *red.group_by)
+    count_in_window = latency(red_by, red.window, "_count", "increase")
+    fast_in_window = latency(red_by, red.window, "_bucket", "increase", le_matcher(slow))
     rules = [
         RecordingRule(
             p99_record(spec),
-            _quantile(red.quantile, latency(("le", "region"), red.window, "_bucket")),
+            _quantile(red.quantile, latency(("le", *red_by), red.window, "_bucket")),
         ),
         RecordingRule(window_requests_record(spec), count_in_window),
         RecordingRule(window_slow_requests_record(spec), f"{count_in_window}\n-\n{fast_in_window}"),

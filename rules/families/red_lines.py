@@ -4,6 +4,7 @@ critical alerts, and the promtool cases that prove them."""
 from __future__ import annotations
 
 from redline.rules.common import alert_rule
+from redline.rules.families.slo import group_of
 from redline.rules.model import AlertRule, RuleGroup, format_duration, number
 from redline.rules.promtool_cases import (
     SERIES_INTERVAL,
@@ -35,8 +36,10 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     measured = lat.includes_reroute and spec.sources.resolve().profile.includes_reroute
     reroute = "including cross-region reroutes " if measured else ""
     requests = window_requests_record(spec)
+    on = ", ".join((catalog.LABEL_REGION, *lat.group_by))
+    of = "".join(f" {label} {{{{ $labels.{label} }}}}" for label in lat.group_by)
     # Over fewer than min_requests the P99 is the slowest request: no evidence for a reroute.
-    evidence = f"\nand on (region)\n{requests} >= {lat.min_requests}" if lat.min_requests else ""
+    evidence = f"\nand on ({on})\n{requests} >= {lat.min_requests}" if lat.min_requests else ""
     rules: tuple[AlertRule, ...] = (
         alert_rule(
             spec,
@@ -44,7 +47,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
             f"{p99_record(spec)} > {number(lat.threshold_seconds)}{evidence}",
             lat.for_seconds,
             "critical",
-            f"{quantile} latency of region {{{{ $labels.region }}}} is over the "
+            f"{quantile} latency of region {{{{ $labels.region }}}}{of} is over the "
             f"{number(lat.threshold_seconds)} s red line",
             f"End-to-end {quantile} {reroute}over {lat.window} is "
             f"{{{{ $value | humanize }}}}s (red line {number(lat.threshold_seconds)} s).",
@@ -58,10 +61,10 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
                 spec,
                 Alert.RED_LINE_LATENCY_SLOW_REQUESTS,
                 f"{window_slow_requests_record(spec)} >= {lat.slow_requests_page}\n"
-                f"and on (region)\n{requests} < {lat.min_requests}",
+                f"and on ({on})\n{requests} < {lat.min_requests}",
                 lat.for_seconds,
                 "page",
-                f"Region {{{{ $labels.region }}}}: requests slower than the "
+                f"Region {{{{ $labels.region }}}}{of}: requests slower than the "
                 f"{number(lat.threshold_seconds)} s red line, too few for a {quantile}",
                 f"{{{{ $value | humanize }}}} requests over {lat.window} took longer than "
                 f"{number(lat.threshold_seconds)} s, out of fewer than {lat.min_requests}: too "
@@ -134,6 +137,10 @@ def _evidence_cases(
         return histogram(spec, {**labels, "region": region}, per_step, steps)
 
     red_line = alerts.get(Alert.RED_LINE_LATENCY_P99)
+
+    def red_labels(region: str) -> dict[str, str]:
+        return {"region": region, **group_of(spec, lat.group_by, labels)}
+
     cases = [
         Case(
             f"latency red line: one slow request among 30 in {lat.window} (night-time traffic) "
@@ -155,10 +162,10 @@ def _evidence_cases(
             {**traffic(primary, 0, short), **traffic(secondary, 0, enough)},
             eval_at,
             [
-                (Alert.RED_LINE_LATENCY_P99, [expected(red_line, {"region": secondary}, p99)]),
+                (Alert.RED_LINE_LATENCY_P99, [expected(red_line, red_labels(secondary), p99)]),
                 (
                     Alert.RED_LINE_LATENCY_SLOW_REQUESTS,
-                    [expected(slow_rule, {"region": primary}, short)],
+                    [expected(slow_rule, red_labels(primary), short)],
                 ),
             ],
             interval_seconds=step,
@@ -178,7 +185,7 @@ def _evidence_cases(
                 [
                     (
                         Alert.RED_LINE_LATENCY_SLOW_REQUESTS,
-                        [expected(slow_rule, {"region": secondary}, few + 1)],
+                        [expected(slow_rule, red_labels(secondary), few + 1)],
                     ),
                     (Alert.RED_LINE_LATENCY_P99, []),
                 ],
@@ -186,6 +193,48 @@ def _evidence_cases(
             )
         )
     return cases
+
+
+def _group_case(
+    spec: Spec, alerts: AlertIndex, labels: dict[str, str], at: float, above: float, p99: float
+) -> list[Case]:
+    """Grouped: an adapter over the line at 0.5 % of its region's traffic fires for itself alone,
+    while the region's P99 over every model stays under the line."""
+    lat = spec.red_lines.latency_p99
+    adapter = {**labels, "model": "chat-adapter", "model_version": "v2"}
+    if group_of(spec, lat.group_by, adapter) == group_of(spec, lat.group_by, labels):
+        return []  # a constant model grouped by model alone: one group, nothing to case
+    window = int(parse_duration(lat.window))
+    step = _window_step(window)
+    per_window = window // step
+    eval_at = 900 - 900 % step
+    steps = eval_at // step + 5
+    slow = 2 * max(lat.min_requests, 50)  # enough evidence in the adapter's own window
+    return [
+        Case(
+            f"latency red line by {', '.join(lat.group_by)}: an adapter over the line at 0.5 % "
+            "of the region's traffic fires for itself alone",
+            {
+                **histogram(spec, labels, {at: 200 * slow / per_window}, steps),
+                **histogram(spec, adapter, {above: slow / per_window}, steps),
+            },
+            eval_at,
+            [
+                (
+                    Alert.RED_LINE_LATENCY_P99,
+                    [
+                        expected(
+                            alerts.get(Alert.RED_LINE_LATENCY_P99),
+                            {"region": labels["region"], **group_of(spec, lat.group_by, adapter)},
+                            p99,
+                        )
+                    ],
+                ),
+                (Alert.RED_LINE_LATENCY_SLOW_REQUESTS, []),
+            ],
+            interval_seconds=step,
+        )
+    ]
 
 
 def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
@@ -199,6 +248,10 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         "model_version": "v1", "status": "200",
     }  # fmt: skip
     labels_fast = {**labels_slow, "region": secondary, "rerouted": "false"}
+
+    def red_labels(region: str) -> dict[str, str]:
+        return {"region": region, **group_of(spec, red.latency_p99.group_by, labels_slow)}
+
     # At least four samples in the quantile's rate window (the local profile's is 30 s).
     step = min(SERIES_INTERVAL, int(parse_duration(red.latency_p99.window) // 4))
     steps = 900 // step + 5
@@ -212,12 +265,14 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         [
             (
                 Alert.RED_LINE_LATENCY_P99,
-                [expected(alerts.get(Alert.RED_LINE_LATENCY_P99), {"region": primary}, p99)],
+                [expected(alerts.get(Alert.RED_LINE_LATENCY_P99), red_labels(primary), p99)],
             )
         ],
         interval_seconds=step,
     )
     quiet = _evidence_cases(spec, alerts, labels_slow, at, above, p99)
+    if red.latency_p99.group_by:
+        quiet += _group_case(spec, alerts, labels_slow, at, above, p99)
     keep = red.context_keepalive
     keep_rule = alerts.get(Alert.RED_LINE_CONTEXT_KEEPALIVE)
     keep_cases = [

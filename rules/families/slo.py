@@ -4,6 +4,7 @@ multiwindow burn-rate alerts (page and ticket), and the promtool cases that prov
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redline.rules.common import alert_rule
@@ -224,7 +225,7 @@ def build_slo_cases(spec: Spec, alerts: AlertIndex, slo: Slo) -> list[Case]:
     if slo.group_by:
         labels = _group_labels(spec, slo, 0)
     # What the burn alerts carry besides their rule labels: the SLO and, grouped, its group.
-    fired = {"slo": slo.name, **_group_of(spec, slo, labels)}
+    fired = {"slo": slo.name, **group_of(spec, slo.group_by, labels)}
     # 30 minutes of traffic at the case's evaluation: the long windows hold 30 minutes of events.
     minutes = 30
     busy = max(100, math.ceil(slo.min_events / minutes) * 2)
@@ -364,10 +365,10 @@ def _group_labels(spec: Spec, slo: Slo, index: int) -> dict[str, str]:
     return labels
 
 
-def _group_of(spec: Spec, slo: Slo, labels: dict[str, str]) -> dict[str, str]:
-    """The group labels a request with `labels` is counted under (a constant model wins)."""
+def group_of(spec: Spec, by: Sequence[str], labels: dict[str, str]) -> dict[str, str]:
+    """The labels `by` a request with `labels` is counted under (a constant model wins)."""
     model = spec.sources.resolve().profile.model
-    group: dict[str, str] = {label: labels[label] for label in slo.group_by}
+    group: dict[str, str] = {label: labels[label] for label in by}
     if model is not None and catalog.LABEL_MODEL in group:
         group[catalog.LABEL_MODEL] = model
     return group
@@ -376,7 +377,7 @@ def _group_of(spec: Spec, slo: Slo, labels: dict[str, str]) -> dict[str, str]:
 def _distinct_groups(spec: Spec, slo: Slo) -> set[tuple[tuple[str, str], ...]]:
     """The groups the cases' first two label sets fall in: one when the source cannot tell them
     apart (a profile's constant model grouped by model alone), and there is nothing to case."""
-    groups = (_group_of(spec, slo, _group_labels(spec, slo, i)) for i in (0, 1))
+    groups = (group_of(spec, slo.group_by, _group_labels(spec, slo, i)) for i in (0, 1))
     return {tuple(sorted(group.items())) for group in groups}
 
 
@@ -404,7 +405,7 @@ def _one_group_burning_case(
                 **request_counters(spec, healthy, 49 * busy, 0, minutes),
                 **request_counters(spec, burning, busy, bad, minutes),
             }
-    group = {"slo": slo.name, **_group_of(spec, slo, burning)}
+    group = {"slo": slo.name, **group_of(spec, slo.group_by, burning)}
     share = bad / busy
     return Case(
         f"{slo.name} SLO grouped by {', '.join(slo.group_by)}: a group with 2 % of the traffic "

@@ -93,3 +93,62 @@ def test_the_grouped_cases_catch_a_broken_rule(
     result = run_rule_tests(directory, TEST_FILE)
     assert not result.ok
     assert failing_case in result.output
+
+
+RED_GROUP_CASE = "fires for itself alone"
+
+
+def red_line_grouped_spec(profile: str, group_by: tuple[str, ...], model: str | None) -> Spec:
+    """The default spec on `profile`, its latency red line grouped by `group_by`."""
+    spec = load_spec().spec
+    latency = spec.red_lines.latency_p99.model_copy(update={"group_by": group_by})
+    red_lines = spec.red_lines.model_copy(update={"latency_p99": latency})
+    sources = Sources(profile=profile, model=model)  # type: ignore[arg-type]
+    return spec.model_copy(update={"red_lines": red_lines, "sources": sources})
+
+
+def _red_line_cases_only(root: Path, spec: Spec) -> tuple[Path, list[str]]:
+    """Generate `spec`'s outputs under `root`, keep only the latency red line's promtool cases."""
+    write_outputs(root, build_outputs(spec, "spec.yaml"))
+    directory = root / RULES_DIR
+    tests_file = directory / TEST_FILE
+    tests = yaml.safe_load(tests_file.read_text())
+    tests["tests"] = [t for t in tests["tests"] if t["name"].startswith("latency red line")]
+    tests_file.write_text(yaml.safe_dump(tests))
+    return directory, [t["name"] for t in tests["tests"]]
+
+
+@pytest.mark.parametrize(
+    ("profile", "group_by", "model", "group_cases"),
+    [
+        ("redline-gateway", ("model",), None, 1),
+        ("vllm", ("model", "model_version"), None, 1),
+        ("sglang", ("model_version",), None, 1),
+        # a constant model grouped by model: one group, the other cases labelled with it
+        ("tgi", ("model",), "chat", 0),
+    ],
+)
+def test_grouped_red_line_cases_pass_promtool(
+    tmp_path: Path, profile: str, group_by: tuple[str, ...], model: str | None, group_cases: int
+) -> None:
+    spec = red_line_grouped_spec(profile, group_by, model)
+    directory, names = _red_line_cases_only(tmp_path, spec)
+    assert sum(RED_GROUP_CASE in name for name in names) == group_cases
+    assert len(names) >= 3 + group_cases  # the evidence cases run grouped too
+    result = run_rule_tests(directory, TEST_FILE)
+    assert result.ok, result.output
+
+
+def test_the_grouped_red_line_case_catches_the_region_wide_p99(tmp_path: Path) -> None:
+    """The P99 recorded per region only (the fleet's, as before group_by): the adapter's breach
+    is averaged into its region's traffic, and the grouped case fails."""
+    spec = red_line_grouped_spec("redline-gateway", ("model",), None)
+    directory, _ = _red_line_cases_only(tmp_path, spec)
+    rules = directory / RULE_FILE
+    text = rules.read_text()
+    mutated = text.replace("sum by (le, region, model) (", "sum by (le, region) (")
+    assert mutated != text, "the grouped P99 recording is not in the rules"
+    rules.write_text(mutated)
+    result = run_rule_tests(directory, TEST_FILE)
+    assert not result.ok
+    assert RED_GROUP_CASE in result.output
