@@ -97,14 +97,30 @@ def _known_playbooks(config: Path | None) -> tuple[str, ...]:
 
 
 @app.command()
-def validate(spec: SpecArg = None, config: ConfigOpt = None) -> None:
+def validate(
+    spec: SpecArg = None,
+    config: ConfigOpt = None,
+    metrics_url: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-url",
+            help="Also check the spec's sources against this live engine's /metrics: its "
+            "profile, served buckets, thresholds on them, series present.",
+        ),
+    ] = None,
+) -> None:
     """Validate a spec: exit 0 when usable (warnings printed), 2 with one line per problem.
 
     Every playbook the spec names must be known: built in, an installed `redline.playbooks`
     entry point or, with `--config` (the remediation settings), one of its `playbook_classes`
-    or of its `playbooks` factory's registry.
+    or of its `playbooks` factory's registry. With `--metrics-url`, the engine must be the one
+    the spec reads (exit codes 3, 4, 5 as `redline sources detect`).
     """
     loaded = load_or_exit(spec, _known_playbooks(config))
+    if metrics_url is not None:
+        text = sources_cli.fetch_exposition(metrics_url)
+        detection = sources_cli.detect_or_exit(metrics_url, text)
+        sources_cli.check_against_engine(loaded.source, loaded.spec, detection)
     s = loaded.spec
     console.print(
         f"{loaded.source}: ok: spec {s.version} for {s.service}, regions {', '.join(s.regions)}, "

@@ -10,12 +10,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import httpx
 import typer
+import yaml
 from rich.table import Table
 
 from redline.cli.common import fail, out
 from redline.slo import catalog
-from redline.slo.load import SpecError, load_spec
+from redline.slo.detect import (
+    Detection,
+    DetectionError,
+    ExpositionError,
+    build_detection,
+    same_buckets,
+)
+from redline.slo.load import SpecError, check_spec, load_spec
 from redline.slo.sources import (
     PROFILE_NAMES,
     PROFILES,
@@ -23,6 +32,7 @@ from redline.slo.sources import (
     ResolvedSources,
     resolve_sources,
 )
+from redline.slo.spec import Spec
 
 
 def label_mapping(resolved: ResolvedSources) -> list[str]:
@@ -78,20 +88,153 @@ def print_sources(resolved: ResolvedSources) -> None:
     out.print("", markup=False)
 
 
+DETECT = "detect"
+"""`redline sources detect`: the word in PROFILE's place (no profile is named so)."""
+EXIT_UNREACHABLE = 3
+EXIT_NOT_EXPOSITION = 4
+EXIT_NO_ENGINE = 5
+"""Exit codes of `sources detect`: the URL cannot be read; the body is no exposition; no profile
+reads it, or two engines are in it."""
+
+
+def fetch_exposition(url: str, timeout: float = 10.0) -> str:
+    """The body of a /metrics URL; exits EXIT_UNREACHABLE naming the URL and why."""
+    try:
+        response = httpx.get(url, timeout=timeout, follow_redirects=True)
+    except (httpx.HTTPError, ValueError) as exc:  # ValueError: httpx rejects the URL itself
+        raise fail(f"{url}: cannot be read: {exc}", EXIT_UNREACHABLE) from None
+    if response.status_code != 200:
+        raise fail(f"{url}: answered HTTP {response.status_code}", EXIT_UNREACHABLE)
+    return response.text
+
+
+def load_exposition(metrics_url: str | None, file: Path | None) -> tuple[str, str]:
+    """(where, text) of the exposition named by exactly one of `--metrics-url` and `--file`."""
+    if (metrics_url is None) == (file is None):
+        raise fail("sources detect: give one of --metrics-url URL and --file F")
+    if file is not None:
+        try:
+            return str(file), file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise fail(f"{file}: cannot be read: {exc}") from None
+    assert metrics_url is not None
+    return metrics_url, fetch_exposition(metrics_url)
+
+
+def detect_or_exit(where: str, text: str) -> Detection:
+    """`build_detection`, each failure exiting with its own code and the source named."""
+    try:
+        return build_detection(text)
+    except ExpositionError as exc:
+        raise fail(f"{where}: {exc}", EXIT_NOT_EXPOSITION) from None
+    except DetectionError as exc:
+        raise fail(f"{where}: {exc}", EXIT_NO_ENGINE) from None
+
+
+def detection_lines(where: str, detection: Detection) -> list[str]:
+    """What `sources detect` prints above the block: engine, version hints, buckets, labels."""
+    profile = detection.profile
+    listed = ", ".join(f"{b:g}" for b in detection.buckets)
+    lines = [
+        f"{where}: {profile.title} (profile {profile.name}, by {detection.histogram})",
+        *(f"  version: {hint}" for hint in detection.hints),
+        f"  buckets served: {listed}"
+        + ("" if detection.buckets_differ else f" (the {profile.name} profile's own)"),
+        f"  labels: {', '.join(detection.labels) or 'none'}",
+    ]
+    for presence in detection.signals:
+        state = "missing " + ", ".join(presence.missing) if presence.missing else "present"
+        lines.append(f"  {presence.signal}: {' + '.join(presence.names)}: {state}")
+    return lines
+
+
+def spec_findings(spec: Spec, detection: Detection) -> list[str]:
+    """The spec against the served engine: another profile, other buckets, thresholds that are
+    no served bucket (the spec's own checks with the served buckets), missing series."""
+    lines = []
+    if spec.sources.profile != detection.profile.name:
+        lines.append(
+            f"error: sources.profile is {spec.sources.profile!r}, the engine is "
+            f"{detection.profile.name!r}"
+        )
+        return lines
+    if detection.buckets and not same_buckets(spec.sources.buckets, detection.buckets):
+        lines.append(
+            "error: sources.histogram_buckets: the engine serves "
+            f"{', '.join(f'{b:g}' for b in detection.buckets)}, the spec reads "
+            f"{', '.join(f'{b:g}' for b in spec.sources.buckets)}"
+        )
+    served = spec.sources.model_copy(update={"histogram_buckets": detection.buckets or None})
+    for finding in check_spec(spec.model_copy(update={"sources": served})):
+        if "bucket" in finding.message:
+            lines.append(f"{finding.level}: {finding.field}: {finding.message}")
+    lines += [
+        f"warning: {p.signal}: the engine serves no {', '.join(p.missing)}"
+        for p in detection.signals
+        if p.missing and (spec.sources.resolve().series(p.signal) is not None)
+    ]
+    return lines
+
+
+def detect(metrics_url: str | None, file: Path | None, spec: Path | None) -> None:
+    """`redline sources detect`: the engine behind an exposition and the `sources:` to paste."""
+    where, text = load_exposition(metrics_url, file)
+    detection = detect_or_exit(where, text)
+    for line in detection_lines(where, detection):
+        out.print(line, markup=False)
+    block = detection.sources_block()
+    out.print("\n# paste into the spec:", markup=False)
+    out.print(yaml.safe_dump({"sources": block}, sort_keys=False).rstrip(), markup=False)
+    if spec is not None:
+        try:
+            loaded = load_spec(spec)
+        except SpecError as exc:
+            raise fail("\n".join(exc.problems)) from None
+        check_against_engine(loaded.source, loaded.spec, detection)
+
+
+def check_against_engine(source: str, spec: Spec, detection: Detection) -> None:
+    """Print the spec's findings against the engine; exit 2 when one is an error."""
+    problems = spec_findings(spec, detection)
+    for line in problems:
+        out.print(f"{source}: {line}", markup=False)
+    if any(line.startswith("error") for line in problems):
+        raise typer.Exit(2)
+
+
 def sources(
     profile: Annotated[
         str | None,
         typer.Argument(
-            help=f"One profile ({', '.join(PROFILE_NAMES)}); every one when omitted.",
+            help=f"One profile ({', '.join(PROFILE_NAMES)}), every one when omitted; or "
+            f"`{DETECT}` with --metrics-url or --file: which engine serves an exposition, "
+            "its buckets and labels, and the `sources:` block to paste.",
             show_default=False,
         ),
     ] = None,
     spec: Annotated[
         Path | None,
-        typer.Option("--spec", help="Show this spec's sources, its overrides applied."),
+        typer.Option(
+            "--spec",
+            help="Show this spec's sources, its overrides applied; with detect, check the spec "
+            "against the engine.",
+        ),
     ] = None,
+    metrics_url: Annotated[
+        str | None, typer.Option("--metrics-url", help="detect: an engine's /metrics URL.")
+    ] = None,
+    file: Annotated[Path | None, typer.Option("--file", help="detect: a saved exposition.")] = None,
 ) -> None:
-    """Print each source profile: signal -> series and matchers, label mapping, what is missing."""
+    """Print each source profile: signal -> series and matchers, label mapping, what is missing.
+
+    `redline sources detect --metrics-url URL` (or `--file F`) exits 3 when the URL cannot be
+    read, 4 when the body is no exposition, 5 when no profile reads it or it holds two engines.
+    """
+    if profile == DETECT:
+        detect(metrics_url, file, spec)
+        return
+    if metrics_url is not None or file is not None:
+        raise fail(f"--metrics-url and --file go with `redline sources {DETECT}`")
     if spec is not None:
         try:
             loaded = load_spec(spec)

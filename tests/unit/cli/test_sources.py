@@ -5,11 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from redline.cli import sources as sources_cli
 from redline.cli.main import app
+from redline.devstack.fakes.engines import EngineMetrics
 from redline.slo.sources import PROFILE_NAMES, PROFILES
 
 
@@ -72,3 +75,78 @@ def test_an_unknown_profile_names_the_allowed_ones() -> None:
     code, output = _run("nope")
     assert code == 2
     assert "unknown profile 'nope'; allowed: " + ", ".join(PROFILE_NAMES) in output
+
+
+def _page(profile: str, buckets: tuple[float, ...] | None = None) -> str:
+    """A fake engine's exposition; with `buckets`, vLLM's latency histogram rebucketed."""
+    engine = EngineMetrics(profile)
+    engine.observe(0.4, count=5)
+    text = engine.render().decode()
+    if buckets is None:
+        return text
+    registry = CollectorRegistry()
+    Histogram(
+        "vllm:e2e_request_latency_seconds", "e2e", ["model_name"], buckets=buckets,
+        registry=registry,
+    ).labels(model_name="chat").observe(0.4)  # fmt: skip
+    kept = [line for line in text.splitlines() if "vllm:e2e_request_latency" not in line]
+    return "\n".join(kept) + "\n" + generate_latest(registry).decode()
+
+
+def test_detect_prints_the_engine_and_the_block_to_paste(tmp_path: Path) -> None:
+    page = tmp_path / "tgi.prom"
+    page.write_text(_page("tgi"))
+    code, output = _run("detect", "--file", str(page))
+    assert code == 0, output
+    assert f"{page}: {PROFILES['tgi'].title} (profile tgi, by tgi_request_duration)" in output
+    assert "(the tgi profile's own)" in output
+    block = yaml.safe_load(output.split("# paste into the spec:\n", 1)[1])
+    assert block == {"sources": {"profile": "tgi", "model": "<the model this engine serves>"}}
+
+
+def _spec_on(profile: str) -> str:
+    """The smallest spec reading `profile`'s series."""
+    return f"version: v1\nservice: chat\nregions: [primary]\nsources:\n  profile: {profile}\n"
+
+
+def test_detect_checks_a_spec_against_the_served_buckets(tmp_path: Path) -> None:
+    page = tmp_path / "vllm.prom"
+    page.write_text(_page("vllm", (0.25, 0.5, 1.0, 4.0)))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(_spec_on("vllm"))
+    code, output = _run("detect", "--file", str(page), "--spec", str(spec))
+    assert code == 2, output
+    assert yaml.safe_load(
+        output.split("# paste into the spec:\n", 1)[1].split("\n" + str(spec))[0]
+    )["sources"]["histogram_buckets"] == [0.25, 0.5, 1.0, 4.0]
+    assert "error: sources.histogram_buckets: the engine serves 0.25, 0.5, 1, 4" in output
+    # The red line's 0.8 s is no served bucket: counted at 0.5 s, said so.
+    assert "0.8 s is not a bucket" in output
+    spec.write_text(_spec_on("sglang"))
+    code, output = _run("detect", "--file", str(page), "--spec", str(spec))
+    assert code == 2 and "sources.profile is 'sglang', the engine is 'vllm'" in output
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        ("garbage here\n", 4, "not a Prometheus exposition"),
+        ("# TYPE x counter\nx_total 1\n", 5, "no known engine"),
+    ],
+)
+def test_detect_bad_input_has_its_own_exit_code(
+    tmp_path: Path, body: str, code: int, message: str
+) -> None:
+    page = tmp_path / "page.txt"
+    page.write_text(body)
+    got, output = _run("detect", "--file", str(page))
+    assert got == code and f"{page}: {message}" in output
+
+
+def test_detect_needs_exactly_one_source(tmp_path: Path) -> None:
+    code, output = _run("detect")
+    assert code == 2 and "give one of --metrics-url URL and --file F" in output
+    code, output = _run("detect", "--file", str(tmp_path / "absent.prom"))
+    assert code == 2 and "absent.prom: cannot be read" in output
+    code, output = _run("vllm", "--file", str(tmp_path / "x"))
+    assert code == 2 and "go with `redline sources detect`" in output
