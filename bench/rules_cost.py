@@ -125,10 +125,10 @@ POLL_SECONDS = 3.0
 # The raw vLLM series the plain set reads, spelled by hand as its author would (a unit test
 # checks them against redline's vllm profile: both sides read the same series).
 VLLM_LATENCY = "vllm:e2e_request_latency_seconds"
-VLLM_HTTP_REQUESTS = "http_requests_total"
+VLLM_FINISHED = "vllm:request_success_total"
+VLLM_REJECTED = "vllm:admission_rejections_total"
 VLLM_MODEL_LABEL = "model_name"
-VLLM_HANDLERS = 'handler=~"/v1/chat/completions|/v1/completions|/v1/responses"'
-VLLM_SERVER_ERRORS = 'status="5xx"'
+VLLM_ERROR_REASON = 'finished_reason="error"'
 SLOTH_WINDOWS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d")
 """Sloth's default windows (Google's SRE workbook): page 1h/5m and 6h/30m, ticket 1d/2h and
 3d/6h."""
@@ -465,9 +465,9 @@ def sli_queries(slo: Slo) -> tuple[str, str]:
         fast = f'sum(rate({VLLM_LATENCY}_bucket{{le="{_le(sli.threshold_seconds)}"}}[{WINDOW}]))'
         return f"{total} - {fast}", total
     if isinstance(sli, ErrorsSli):
-        errors = f"{VLLM_HTTP_REQUESTS}{{{VLLM_HANDLERS}, {VLLM_SERVER_ERRORS}}}"
-        requests = f"{VLLM_HTTP_REQUESTS}{{{VLLM_HANDLERS}}}"
-        return f"sum(rate({errors}[{WINDOW}]))", f"sum(rate({requests}[{WINDOW}]))"
+        rejected = f"sum(rate({VLLM_REJECTED}[{WINDOW}]))"
+        errors = f"sum(rate({VLLM_FINISHED}{{{VLLM_ERROR_REASON}}}[{WINDOW}])) + {rejected}"
+        return errors, f"sum(rate({VLLM_FINISHED}[{WINDOW}])) + {rejected}"
     raise ValueError(f"no plain SLI for {type(sli).__name__}")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from redline.rules.model import AlertRule, RuleGroup, format_duration, number
 from redline.rules.templating import expand
 from redline.slo import catalog
+from redline.slo.sources import SourceSeries
 from redline.slo.spec import Spec
 
 SERIES_INTERVAL = 60
@@ -177,12 +178,15 @@ def _regex_examples(regex: str) -> list[str]:
 # Plausible values first: an error matcher is satisfied by an error, violated by a success.
 _SATISFYING: tuple[str, ...] = ("error", "5xx", "500", "x")
 _VIOLATING: tuple[str, ...] = ("2xx", "200", "ok", "x", "")
+_VIOLATING_BY_LABEL: dict[str, tuple[str, ...]] = {"finished_reason": ("stop",)}
+"""A label's own value for a request that is no error (vLLM's FinishReason.STOP)."""
 
 
 def _value_for(matcher: str, satisfy: bool) -> str:
     label, op, value = parse_matcher(matcher)
     examples: list[str] = _regex_examples(value) if "~" in op else []
-    candidates: list[str] = [value, *examples, *(_SATISFYING if satisfy else _VIOLATING)]
+    fallback = _SATISFYING if satisfy else (*_VIOLATING_BY_LABEL.get(label, ()), *_VIOLATING)
+    candidates: list[str] = [value, *examples, *fallback]
     for candidate in candidates:
         if matches(matcher, {label: candidate}) == satisfy:
             return candidate
@@ -280,18 +284,19 @@ def request_counters(
     req, err = resolved.series("requests"), resolved.series("errors")
     assert req is not None and err is not None, "every profile has request and error counters"
     base = engine_labels(spec, labels)
-    err_name, err_labels = err.names[0], satisfying(err.matchers, base)
+    err_name = err.names[0]
+    err_labels = satisfying(err.matchers_of(err_name), base)
     out: dict[str, str] = {}
     if errors is None:
-        name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)
+        name, good = _not_an_error(req, err, base)
         out[series(name, good)] = counter(requests, steps)
-    elif err_name in req.names and all(matches(m, err_labels) for m in req.matchers):
+    elif err_name in req.names and all(matches(m, err_labels) for m in req.matchers_of(err_name)):
         out[series(err_name, err_labels)] = counter(errors, steps)
         if requests > errors:
-            name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)
+            name, good = _not_an_error(req, err, base)
             out[series(name, good)] = counter(requests - errors, steps)
     else:
-        name, good = _not_an_error(req.names, req.matchers, err.names, err.matchers, base)
+        name, good = _not_an_error(req, err, base)
         out[series(name, good)] = counter(requests, steps)
         out[series(err_name, err_labels)] = counter(errors, steps)
     out.update(active_versions(spec, labels, steps))
@@ -299,24 +304,23 @@ def request_counters(
 
 
 def _not_an_error(
-    names: tuple[str, ...],
-    matchers: tuple[str, ...],
-    err_names: tuple[str, ...],
-    err_matchers: tuple[str, ...],
-    base: dict[str, str],
+    req: SourceSeries, err: SourceSeries, base: dict[str, str]
 ) -> tuple[str, dict[str, str]]:
-    """A request series (name, labels) the error selector does not count."""
-    labels = satisfying(matchers, base)
-    for name in names:
-        if name not in err_names:
-            return name, labels
-    constrained = {parse_matcher(m)[0] for m in matchers}
-    for matcher in err_matchers:
-        label = parse_matcher(matcher)[0]
-        if label not in constrained:
-            return names[0], _with(labels, label, _value_for(matcher, False))
+    """A request series (name, labels) the error selector does not count: a request name that
+    is no error name, else one whose labels miss an error matcher (vLLM's
+    `finished_reason="error"`, NIM's none: then this fails)."""
+    for name in req.names:
+        if name not in err.names:
+            return name, satisfying(req.matchers_of(name), base)
+    for name in req.names:
+        labels = satisfying(req.matchers_of(name), base)
+        constrained = {parse_matcher(m)[0] for m in req.matchers_of(name)}
+        for matcher in err.matchers_of(name):
+            label = parse_matcher(matcher)[0]
+            if label not in constrained:
+                return name, _with(labels, label, _value_for(matcher, False))
     raise CaseInputError(
-        f"every request series {', '.join(names)} {', '.join(matchers)} is also an error"
+        f"every request series {', '.join(req.names)} {', '.join(req.matchers)} is also an error"
     )
 
 

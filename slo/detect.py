@@ -50,6 +50,8 @@ class VersionHint:
 # --show-hidden-metrics-for-version=0.10), and `vllm:time_per_output_token_seconds` was
 # "Deprecated in 0.11 - Renamed as vllm:inter_token_latency_seconds".
 VERSION_HINTS = (
+    # vllm:admission_rejections appeared in vLLM 0.32.0 (absent from 0.31.0's loggers.py).
+    VersionHint("vllm", "vllm:admission_rejections_total", None, "vLLM 0.32 or later"),
     VersionHint("vllm", "vllm:inter_token_latency_seconds_bucket", None, "vLLM 0.11 or later"),
     VersionHint(
         "vllm",

@@ -151,10 +151,13 @@ _NO_REROUTE = (
     "latency is measured inside the engine: cross-region reroutes and the network are not in "
     "it (P99 including reroute needs redline's gateway in the path)"
 )
-_VLLM_HANDLERS = 'handler=~"/v1/chat/completions|/v1/completions|/v1/responses"'
-# The status label of prometheus-fastapi-instrumentator, grouped ("2xx", "4xx", "5xx") as vLLM
-# leaves it (vllm/entrypoints/serve/instrumentator/metrics.py; docs/design/metrics.md).
-_VLLM_SERVER_ERRORS = 'status="5xx"'
+# vLLM 0.33.0: `vllm:request_success` {model_name, engine, finished_reason} counted in
+# PrometheusStatLogger.record (vllm/v1/metrics/loggers.py) for every request the engine finished
+# (FinishReason, vllm/v1/engine/__init__.py); `vllm:admission_rejections` {model_name, reason}
+# counted in AsyncLLM before it raises QueueOverflowError (vllm/v1/engine/async_llm.py), which the
+# API server answers 503.
+_VLLM_FINISHED = "vllm:request_success_total"
+_VLLM_REJECTED = "vllm:admission_rejections_total"
 
 PROFILES: Mapping[str, SourceProfile] = {
     profile.name: profile
@@ -178,7 +181,7 @@ PROFILES: Mapping[str, SourceProfile] = {
         ),
         SourceProfile(
             "vllm",
-            "vLLM OpenAI-compatible server (V1 engine)",
+            "vLLM OpenAI-compatible server (V1 engine; counting as of 0.33)",
             "https://docs.vllm.ai/en/latest/design/metrics.html (vllm/v1/metrics/loggers.py)",
             {
                 "request_duration": SourceSeries(
@@ -186,20 +189,20 @@ PROFILES: Mapping[str, SourceProfile] = {
                     note="labels model_name and engine (the data-parallel engine index)",
                 ),
                 "requests": SourceSeries(
-                    ("http_requests_total",),
-                    (_VLLM_HANDLERS,),
-                    "vLLM counts no requests by status; its API server's http_requests_total "
-                    "{handler, method, status} (prometheus-fastapi-instrumentator, status "
-                    "grouped as 2xx/4xx/5xx) stands in, for the generation handlers only",
+                    (_VLLM_FINISHED, _VLLM_REJECTED),
+                    note="every request the engine finished, whatever its finished_reason "
+                    "(stop, length, repetition, error, abort by the engine), and every request "
+                    "refused at admission (HTTP 503). A client that hangs up is in neither "
+                    "(OutputProcessor.abort_requests records no finished stats), nor is a request "
+                    "the API server refuses before the engine (4xx: the client's own)",
                 ),
                 "errors": SourceSeries(
-                    ("http_requests_total",),
-                    (_VLLM_HANDLERS, _VLLM_SERVER_ERRORS),
-                    "server errors (5xx) of the generation handlers; recent vLLM also counts "
-                    'engine-side failures as vllm:request_success_total{finished_reason="error"} '
-                    "(always answered 500, labelled with model_name: override sources.series."
-                    "errors with it, and requests with vllm:request_success_total, to keep a "
-                    'model label); finished_reason="abort" counts client aborts, not failures',
+                    (_VLLM_FINISHED, _VLLM_REJECTED),
+                    note='finished_reason="error" (FinishReason.ERROR, "always converted to 500 '
+                    'Internal Server Error": as a 500, or inside the 200 of a stream, where '
+                    "http_requests_total counts it 2xx) plus admission rejections (a queue limit, "
+                    "HTTP 503); engine aborts are not errors",
+                    name_matchers={_VLLM_FINISHED: ('finished_reason="error"',)},
                 ),
                 "prompt_tokens": SourceSeries(("vllm:prompt_tokens_total",)),
                 "generated_tokens": SourceSeries(("vllm:generation_tokens_total",)),
@@ -209,8 +212,12 @@ PROFILES: Mapping[str, SourceProfile] = {
             buckets=_VLLM_BUCKETS,
             missing={
                 "p99_including_reroute": _NO_REROUTE,
-                "errors_by_model": "http_requests_total has no model label: the availability "
-                "SLO counts every model served by the API server",
+                "errors_in_older_vllm": "vLLM before 0.32 has no "
+                "vllm:admission_rejections_total (a request refused at admission is in no engine "
+                "series; from 0.13 on the profile reads the rest as it is), and before 0.13 no "
+                'finished_reason="error": there, override sources.series with '
+                'http_requests_total (handler=~"/v1/chat/completions|/v1/completions", errors '
+                'status="5xx"), which counts a stream that fails after its 200 as a success',
                 "latency_by_lora_adapter": "vLLM labels latency with the served model name, not "
                 "the LoRA adapter (vllm:lora_requests_info only lists running/waiting adapter "
                 "names): the version joined is the registry's active one for that name",

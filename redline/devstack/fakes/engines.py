@@ -12,14 +12,18 @@ Around them sit the series no rule reads but a real scrape shows (vLLM's
 queries meet a realistic page.
 
 `observe(latency_seconds, status=200, prompt_tokens=..., completion_tokens=..., ttft_seconds=...,
-count=1)` records `count` identical requests the way the engine would: a 2xx finishes normally; a
-5xx is what each engine counts as a failure (vLLM: `finished_reason="error"` and an HTTP 5xx;
-SGLang: an aborted request; TGI: `tgi_request_failure{err}`; NIM: `request_failure_total`;
-OpenTelemetry: an operation with `error.type`); a 4xx is a client error (vLLM: HTTP 4xx only;
-TGI: `err="validation"` for 422, `"overloaded"` for 429; the others record nothing); 499 is a
-client abort. `lora_adapters` fills vLLM's `vllm:lora_requests_info`. `render()` is the text
-exposition; `EngineMetricsServer(exposition)` (`redline.devstack.fakes.metrics_server`) serves
-any object with `render()` on `/metrics` (and NIM's `/v1/metrics`) from a thread.
+count=1, streamed=False)` records `count` identical requests the way the engine would: a 2xx
+finishes normally; a 5xx is what each engine counts as a failure (vLLM 0.33: a 503 is an admission
+rejection, `vllm:admission_rejections_total`, before the engine; another 5xx finishes with
+`finished_reason="error"` and answers a 5xx, or, streamed, fails inside the 200 the API server
+already counted 2xx; SGLang: an aborted request; TGI: `tgi_request_failure{err}`; NIM:
+`request_failure_total`; OpenTelemetry: an operation with `error.type`); a 4xx is a client error
+(vLLM: HTTP 4xx only; TGI: `err="validation"` for 422, `"overloaded"` for 429; the others record
+nothing); 499 is a client abort (vLLM 0.33 records no finished stats for it:
+`OutputProcessor.abort_requests`). `lora_adapters` fills vLLM's `vllm:lora_requests_info`.
+`render()` is the text exposition; `EngineMetricsServer(exposition)`
+(`redline.devstack.fakes.metrics_server`) serves any object with `render()` on `/metrics` (and
+NIM's `/v1/metrics`) from a thread.
 
 Where prometheus-client cannot write what a non-Python engine writes, the text is adjusted (TGI's
 counters carry no `_total`); prometheus-client's `_created` series stay (TGI and OpenTelemetry's
@@ -60,6 +64,12 @@ VLLM_ITL_BUCKETS = (
     20.0, 40.0, 80.0,
 )  # fmt: skip
 VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+VLLM_ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
+"""vLLM 0.33.0's ADMISSION_REASONS (vllm/v1/metrics/loggers.py)."""
+OVERLOADED = 503
+VLLM_HTTP_REQUESTS = "http_requests_total"
+"""vLLM's API server's request counter (prometheus-fastapi-instrumentator; status grouped)."""
+"""The status vLLM answers a request its admission refuses (QueueOverflowError)."""
 """vLLM's FINISH_REASON_STRINGS: every value is a `finished_reason` series from the start."""
 VLLM_MAX_MODEL_LEN = 4096
 # SGLang (TokenizerMetricsCollector defaults, python/sglang/srt/metrics/collector.py).
@@ -105,6 +115,7 @@ class Request:
     prompt_tokens: int
     completion_tokens: int
     ttft: float
+    streamed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -268,6 +279,17 @@ class _Vllm(_Engine):
             reason: success.labels(**base, finished_reason=reason)
             for reason in VLLM_FINISHED_REASONS
         }
+        # Labelled by model_name and reason only (no engine): counted in the API process.
+        model_only = {k: v for k, v in base.items() if k != "engine"}
+        rejections = self.counter(
+            "vllm:admission_rejections",
+            "Number of admission attempts rejected by a queue limit, by reason.",
+            [*(n for n in names if n != "engine"), "reason"],
+        )
+        self.rejected = {
+            reason: rejections.labels(**model_only, reason=reason)
+            for reason in VLLM_ADMISSION_REASONS
+        }
         self.preemptions = self.bound_counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -298,7 +320,7 @@ class _Vllm(_Engine):
         # series is partly invisible to rate(), as on a real vLLM.
         http_labels = ["handler", "method", "status", *self.extra]
         self.http_requests = self.counter(
-            self.signal("requests"),
+            VLLM_HTTP_REQUESTS,
             "Total number of requests by method, status and handler.",
             http_labels,
         )
@@ -312,14 +334,20 @@ class _Vllm(_Engine):
 
     def record(self, request: Request, count: int) -> None:
         """Finished requests go through the engine's stats; every request through the API's."""
+        # A stream's 200 is out before its engine fails: the instrumentator counts it 2xx.
+        status = "2xx" if request.streamed else request.status_group
         self.http_requests.labels(
-            handler=self.HANDLER, method="POST", status=request.status_group, **self.extra
+            handler=self.HANDLER, method="POST", status=status, **self.extra
         ).inc(count)
         _observe(self.http_duration, request.latency, count)
-        if 400 <= request.status < 500 and request.status != ABORTED:
-            return  # refused by the API server (validation): the engine never saw it
-        reason = "stop" if request.ok else "abort" if request.status == ABORTED else "error"
-        self.finished[reason].inc(count)
+        if 400 <= request.status < 500:
+            # Refused by the API server (validation), or the client hung up: abort_requests
+            # records no finished stats for a frontend abort.
+            return
+        if request.status == OVERLOADED:
+            self.rejected["max_num_queued_reqs"].inc(count)
+            return
+        self.finished["stop" if request.ok else "error"].inc(count)
         _observe(self.e2e, request.latency, count)
         _observe(self.queue, min(0.01, request.latency), count)
         if request.ok:
@@ -689,12 +717,14 @@ class EngineMetrics:
         completion_tokens: int = 60,
         ttft_seconds: float | None = None,
         count: int = 1,
+        streamed: bool = False,
     ) -> None:
-        """Record `count` identical requests (thousands at once are fine)."""
+        """Record `count` identical requests (thousands at once are fine); `streamed`: answered
+        as a stream, whose 200 is sent before the engine finishes."""
         if count < 0 or latency_seconds < 0:
             raise ValueError("count and latency_seconds must not be negative")
         ttft = min(latency_seconds, 0.05) if ttft_seconds is None else ttft_seconds
-        request = Request(latency_seconds, status, prompt_tokens, completion_tokens, ttft)
+        request = Request(latency_seconds, status, prompt_tokens, completion_tokens, ttft, streamed)
         with self._lock:
             self._engine.record(request, count)
             self.observed += count

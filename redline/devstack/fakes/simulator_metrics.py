@@ -91,15 +91,17 @@ class EngineExposition:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         ttft: float | None = None,
+        streamed: bool = False,
     ) -> None:
         """Record one request the engine answered (`status` as the client saw it; 499: the
-        client went away mid-stream)."""
+        client went away mid-stream; `streamed`: a stream, whose 200 went out first)."""
         self.add_model(model).observe(
             max(latency, 0.0),
             status=status,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             ttft_seconds=None if ttft is None else min(max(ttft, 0.0), max(latency, 0.0)),
+            streamed=streamed,
         )
 
     def render(self) -> bytes:
@@ -134,6 +136,7 @@ class ChatSeen:
             self.prompt_tokens,
             self.completion_tokens,
             None if first is None else first - self.started,
+            self.streaming,
         )
 
 

@@ -411,6 +411,15 @@ class _EngineTraffic:
                 labels = {**self.base(region), **_labels_matching(ttft.matchers)}
                 self.ttft[region] = _Histogram(fam, ttft.names[0], labels, TTFT_BUCKETS)
 
+    def _error_labels(self, name: str) -> dict[str, str]:
+        """Labels an error carries on request counter `name`."""
+        return _labels_matching([*self.requests.matchers_of(name), *self.errors.matchers_of(name)])
+
+    def _ok_labels(self, name: str) -> dict[str, str]:
+        """Labels a success carries on request counter `name` (no error matcher holds)."""
+        own = self.requests.matchers_of(name)
+        return _labels_matching(own, [m for m in self.errors.matchers_of(name) if m not in own])
+
     def base(self, region: str, model: bool = True) -> dict[str, str]:
         """The engine's region and model labels (`profile.labels`) for `region`."""
         mapping = self.src.profile.labels
@@ -424,7 +433,7 @@ class _EngineTraffic:
         del active  # engines publish no version: the rules join it
         primary = self.spec.regions[0]
         add = self.counters.add_exposed
-        # vLLM's http_requests_total has no model label (the profile says errors_by_model).
+        # A request counter without a model label says so in the profile (errors_by_model).
         counter_base = "errors_by_model" not in self.src.profile.missing
         for region in self.spec.regions:
             requests = (40.0 if region == primary else 25.0) * step
@@ -437,9 +446,12 @@ class _EngineTraffic:
                 self.histograms[region, "ok"].observe(now, requests - errors, scale)
                 self.histograms[region, "error"].observe(now, errors, scale)
             base = self.base(region, counter_base)
-            for name in self.errors.names:
+            for index, name in enumerate(self.errors.names):
                 if name != self.counted:
-                    add(name, {**base, **self.error_labels}, now, errors)
+                    # Every error on the first error series (vLLM: finished with an error; its
+                    # admission rejections stay at 0).
+                    labels = {**base, **self._error_labels(name)}
+                    add(name, labels, now, errors if index == 0 else 0.0)
             for name in self.requests.names:
                 if name == self.counted:
                     continue  # the histogram's own count, observed above (OpenTelemetry)
@@ -449,10 +461,10 @@ class _EngineTraffic:
                     whole = len(self.requests.names) == 1
                     labels = {**base, **self.request_labels}
                     add(name, labels, now, requests if whole else requests - errors)
-                elif self.ok_labels != self.error_labels:
-                    # One counter told apart by labels (vLLM's status class): the successes.
-                    add(name, {**base, **self.ok_labels}, now, requests - errors)
-                # Otherwise it is the error counter itself (NIM's failures), added above.
+                elif self._ok_labels(name) != self._error_labels(name):
+                    # One counter told apart by labels (vLLM's finished_reason): the successes.
+                    add(name, {**base, **self._ok_labels(name)}, now, requests - errors)
+                # Otherwise it is an error counter itself (NIM's failures), added above.
             streamed = (30.0 if region == primary else 20.0) * step
             if region in self.ttft:
                 self.ttft[region].observe(now, streamed, 0.12 if not breach else 0.2)

@@ -56,7 +56,7 @@ def report(prometheus: SamplePrometheus, spec: Spec) -> Report:
 def test_the_notes_name_the_profile_and_what_it_cannot_measure(report: Report) -> None:
     assert report.notes[0].startswith(f"source: {PROFILES['vllm'].title}, sources.profile vllm")
     assert report.notes[1].startswith("not measured with vllm: P99 including cross-region reroutes")
-    assert any(n.startswith("errors from http_requests_total:") for n in report.notes)
+    assert any(n.startswith("errors from vllm:request_success_total, ") for n in report.notes)
 
 
 def test_the_latency_red_line_is_read_from_the_recording_over_the_mirror(

@@ -32,12 +32,10 @@ def _samples(page: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 def test_plain_rules_read_the_series_redline_s_vllm_profile_maps() -> None:
     vllm = PROFILES["vllm"].series
     assert vllm["request_duration"].names == (rc.VLLM_LATENCY,)
-    assert vllm["requests"].selector(vllm["requests"].names[0]) == (
-        f"{rc.VLLM_HTTP_REQUESTS}{{{rc.VLLM_HANDLERS}}}"
-    )
-    assert vllm["errors"].selector(vllm["errors"].names[0]) == (
-        f"{rc.VLLM_HTTP_REQUESTS}{{{rc.VLLM_HANDLERS}, {rc.VLLM_SERVER_ERRORS}}}"
-    )
+    assert vllm["requests"].names == vllm["errors"].names == (rc.VLLM_FINISHED, rc.VLLM_REJECTED)
+    assert not vllm["requests"].matchers_of(rc.VLLM_FINISHED)
+    assert vllm["errors"].matchers_of(rc.VLLM_FINISHED) == (rc.VLLM_ERROR_REASON,)
+    assert not vllm["errors"].matchers_of(rc.VLLM_REJECTED)
     assert PROFILES["vllm"].labels["model"] == rc.VLLM_MODEL_LABEL
 
 
@@ -70,9 +68,10 @@ def test_plain_availability_and_alerts_follow_the_spec(spec: Spec) -> None:
     rules = rc.plain_rule_groups(spec)
     by_name = {group["name"]: group["rules"] for group in rules["groups"]}
     availability = by_name[f"sloth-slo-sli-recordings-{spec.service}-availability"][0]["expr"]
+    rejected = f"sum(rate({rc.VLLM_REJECTED}[5m]))"
     assert availability == (
-        f"(sum(rate({rc.VLLM_HTTP_REQUESTS}{{{rc.VLLM_HANDLERS}, {rc.VLLM_SERVER_ERRORS}}}"
-        f"[5m])))\n/\n(sum(rate({rc.VLLM_HTTP_REQUESTS}{{{rc.VLLM_HANDLERS}}}[5m])))\n"
+        f"(sum(rate({rc.VLLM_FINISHED}{{{rc.VLLM_ERROR_REASON}}}[5m])) + {rejected})\n/\n"
+        f"(sum(rate({rc.VLLM_FINISHED}[5m])) + {rejected})\n"
     )
     page, ticket = by_name[f"sloth-slo-alerts-{spec.service}-availability"]
     assert page["labels"] == {"sloth_severity": "page"}

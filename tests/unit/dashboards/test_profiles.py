@@ -140,9 +140,10 @@ def test_vllm_samples_publish_vllms_own_series_and_the_active_version() -> None:
     bounds = set(re.findall(rf'^{re.escape(latency)}_bucket{{[^}}]*le="([^"]+)"', text, re.M))
     assert bounds == {number(b) for b in profile.buckets} | {"+Inf"}
     assert f'{profile.labels["model"]}="chat"' in text
-    # vLLM counts server errors by status class on its API server's counter.
-    assert re.search(r'^http_requests_total\{[^}]*status="5xx"', text, re.M)
-    assert re.search(r'^http_requests_total\{[^}]*status="2xx"', text, re.M)
+    # vLLM 0.33 counts finished requests by finished_reason, failures as "error".
+    finished = re.escape("vllm:request_success_total")
+    assert re.search(rf'^{finished}\{{[^}}]*finished_reason="error"', text, re.M)
+    assert re.search(rf'^{finished}\{{[^}}]*finished_reason="(?!error")', text, re.M)
 
 
 @pytest.mark.parametrize("profile", ENGINES)

@@ -195,7 +195,7 @@ def test_federation_carries_the_engines_own_series(local_spec: Spec, layout: Sta
     federate = configs["prometheus"]["scrape_configs"][0]
     match = federate["params"]["match[]"]
     assert match[-1] == engine_series_match(VLLM)[0]
-    for name in ("vllm:e2e_request_latency_seconds_bucket", "http_requests_total",
+    for name in ("vllm:e2e_request_latency_seconds_bucket", "vllm:request_success_total",
                  "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds_count"):  # fmt: skip
         assert name in match[-1], name
 

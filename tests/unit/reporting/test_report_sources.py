@@ -71,8 +71,14 @@ def test_the_vllm_report_says_what_vllm_cannot_measure() -> None:
         "not measured with vllm: P99 including cross-region reroutes — latency is measured "
         "inside the engine"
     )
-    assert any(n.startswith("not measured with vllm: errors by model") for n in notes)
-    assert any(n.startswith("errors from http_requests_total: server errors") for n in notes)
+    assert not any(n.startswith("not measured with vllm: errors by model") for n in notes)
+    assert any(
+        n.startswith(
+            "errors from vllm:request_success_total, vllm:admission_rejections_total: "
+            'finished_reason="error"'
+        )
+        for n in notes
+    )
     (latency,) = [d for d in signal_defs(spec) if d.key == "latency_p99"]
     assert "reroute" not in latency.title
 

@@ -201,11 +201,12 @@ def test_vllm_errors_are_written_once_and_successes_beside_them() -> None:
     spec = profile_spec("vllm")
     labels = {"region": "primary", "model": "chat", "model_version": "v1", "status": "200"}
     inputs = request_counters(spec, labels, 100, 10, 5)
+    # vLLM 0.33's finished requests, the errors among them by finished_reason.
     assert inputs == {
-        'http_requests_total{handler="/v1/chat/completions",model_name="chat",'
-        'region="primary",status="5xx"}': "0+10x5",
-        'http_requests_total{handler="/v1/chat/completions",model_name="chat",'
-        'region="primary",status="2xx"}': "0+90x5",
+        'vllm:request_success_total{finished_reason="error",model_name="chat",'
+        'region="primary"}': "0+10x5",
+        'vllm:request_success_total{finished_reason="stop",model_name="chat",'
+        'region="primary"}': "0+90x5",
         f'{catalog.MODEL_ACTIVE_INFO}{{model="chat",version="v1"}}': "1+0x5",
     }
 
@@ -225,7 +226,7 @@ def test_case_counters_add_up_under_the_profile_selectors(profile: str) -> None:
         for key, values in inputs.items():
             name, _, inner = key.partition("{")
             raw = dict(re.findall(r'(\w+)="([^"]*)"', inner))
-            if name in found.names and all(matches(m, raw) for m in found.matchers):
+            if name in found.names and all(matches(m, raw) for m in found.matchers_of(name)):
                 total += float(values.split("+")[1].split("x")[0])
         totals[signal] = total
     assert totals == {"requests": 100, "errors": 10}

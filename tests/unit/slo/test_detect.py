@@ -74,7 +74,7 @@ def test_custom_buckets_go_into_the_block() -> None:
     }
     assert detection.labels == ("engine", "model_name")
     missing = {s.signal: s.missing for s in detection.signals}
-    assert missing["requests"] == ("http_requests_total",)
+    assert missing["requests"] == ("vllm:request_success_total", "vllm:admission_rejections_total")
 
 
 def test_version_hints_come_from_renamed_series() -> None:
