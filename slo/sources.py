@@ -156,6 +156,11 @@ _NO_REROUTE = (
 # (FinishReason, vllm/v1/engine/__init__.py); `vllm:admission_rejections` {model_name, reason}
 # counted in AsyncLLM before it raises QueueOverflowError (vllm/v1/engine/async_llm.py), which the
 # API server answers 503.
+# TGI 3.3 router/src/server.rs: tgi_request_success once per generation that reached its end,
+# tgi_request_failure{err} once per one that did not (validation, overloaded, generation,
+# incomplete; dropped and download_adapter in the queue).
+_TGI_SUCCESS = "tgi_request_success"
+_TGI_FAILURE = "tgi_request_failure"
 _VLLM_FINISHED = "vllm:request_success_total"
 _VLLM_REJECTED = "vllm:admission_rejections_total"
 
@@ -263,16 +268,21 @@ PROFILES: Mapping[str, SourceProfile] = {
                     note="no labels: one TGI serves one model (set sources.model)",
                 ),
                 "requests": SourceSeries(
-                    ("tgi_request_count",),
-                    note="every generate call; TGI's counters carry no _total suffix "
-                    "(metrics-exporter-prometheus)",
+                    (_TGI_SUCCESS, _TGI_FAILURE),
+                    note="every generation ends once, as a success or a failure (router/src/"
+                    "server.rs, TGI 3.3); tgi_request_count is not used: /v1/chat/completions "
+                    "increments it in chat_completions and again in generate_internal or "
+                    "generate_stream_internal, a chat request twice. A /v1/completions call "
+                    "with several prompts counts each prompt; TGI's counters carry no _total "
+                    "suffix (metrics-exporter-prometheus)",
                 ),
                 "errors": SourceSeries(
-                    ("tgi_request_failure",),
-                    ('err!="validation"',),
-                    "failures by kind (err: overloaded, generation, incomplete, dropped, ...); "
-                    "validation errors are the client's (422) and are left out; dropped (the "
-                    "client hung up before its batch) stays in, as SGLang's aborts do",
+                    (_TGI_FAILURE,),
+                    ('err!~"validation|dropped"',),
+                    "failures by kind (err: overloaded, generation, incomplete, "
+                    "download_adapter, ...); validation (422) and dropped (the client hung up "
+                    "before its batch) are the client's own and left out; a failure inside a "
+                    "stream is counted here like any other",
                 ),
                 "prompt_tokens": SourceSeries(
                     ("tgi_request_input_length_sum",),

@@ -67,6 +67,8 @@ VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 VLLM_ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 """vLLM 0.33.0's ADMISSION_REASONS (vllm/v1/metrics/loggers.py)."""
 OVERLOADED = 503
+TGI_REQUEST_COUNT = "tgi_request_count"
+"""TGI's request counter, which a chat request increments twice (no profile reads it)."""
 VLLM_HTTP_REQUESTS = "http_requests_total"
 """vLLM's API server's request counter (prometheus-fastapi-instrumentator; status grouped)."""
 """The status vLLM answers a request its admission refuses (QueueOverflowError)."""
@@ -474,9 +476,8 @@ class _Tgi(_Engine):
         """The engine's series."""
         labels = self.base_labels()
         names = list(labels)
-        self.count_name = self.signal("requests")
-        self.failure_name = self.signal("errors")
-        self.success_name = "tgi_request_success"
+        self.count_name = TGI_REQUEST_COUNT
+        self.success_name, self.failure_name = _names(self.profile, "requests")
         self.counters = _BareCounters(
             {
                 self.count_name: "Total number of requests",
@@ -523,9 +524,10 @@ class _Tgi(_Engine):
             self.counters.inc(name, 0.0, labels)
 
     def record(self, request: Request, count: int) -> None:
-        """Every generate call is a tgi_request_count; failures are counted by kind."""
+        """A chat request is two tgi_request_count (chat_completions, then generate_internal
+        or generate_stream_internal); it ends once, a success or a failure by kind."""
         labels = self.labels
-        self.counters.inc(self.count_name, count, labels)
+        self.counters.inc(self.count_name, 2 * count, labels)
         if not request.ok:
             kind = self.FAILURE_KINDS.get(request.status)
             if kind is None:
