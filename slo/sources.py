@@ -156,6 +156,10 @@ _NO_REROUTE = (
 # (FinishReason, vllm/v1/engine/__init__.py); `vllm:admission_rejections` {model_name, reason}
 # counted in AsyncLLM before it raises QueueOverflowError (vllm/v1/engine/async_llm.py), which the
 # API server answers 503.
+# SGLang 0.5.23 srt/observability/http_request_metrics.py: the HTTP middleware counts
+# `sglang:http_responses_total{endpoint, status_code, method}` when a response starts.
+_SGLANG_RESPONSES = "sglang:http_responses_total"
+_SGLANG_GENERATION = 'endpoint=~"/v1/chat/completions|/v1/completions|/generate"'
 # TGI 3.3 router/src/server.rs: tgi_request_success once per generation that reached its end,
 # tgi_request_failure{err} once per one that did not (validation, overloaded, generation,
 # incomplete; dropped and download_adapter in the queue).
@@ -232,7 +236,7 @@ PROFILES: Mapping[str, SourceProfile] = {
             "sglang",
             "SGLang runtime (--enable-metrics)",
             "https://docs.sglang.ai/references/production_metrics.html "
-            "(python/sglang/srt/metrics/collector.py)",
+            "(python/sglang/srt/observability/metrics_collector.py; srt/metrics/ before 0.5.x)",
             {
                 "request_duration": SourceSeries(
                     ("sglang:e2e_request_latency_seconds",),
@@ -240,14 +244,20 @@ PROFILES: Mapping[str, SourceProfile] = {
                     "earlier releases' documented example shows vLLM's buckets (0.3 ... 60 s)",
                 ),
                 "requests": SourceSeries(
-                    ("sglang:num_requests_total",),
-                    note="finished requests, those aborted while running included (an abort "
-                    "in the waiting queue is counted in sglang:num_aborted_requests_total only)",
+                    (_SGLANG_RESPONSES,),
+                    (_SGLANG_GENERATION,),
+                    note="every answer of the generation endpoints, 4xx included, counted by "
+                    "SGLang's HTTP middleware when the response starts (srt/observability/"
+                    "http_request_metrics.py, 0.5.23, --enable-metrics): one per request. "
+                    "sglang:num_requests_total is not used: it counts what the scheduler "
+                    "finished, client aborts included, and no request refused before it",
                 ),
                 "errors": SourceSeries(
-                    ("sglang:num_aborted_requests_total",),
-                    note="SGLang counts no server errors by status: aborted requests (client "
-                    "disconnects, /abort_request, aborts by the scheduler) stand in",
+                    (_SGLANG_RESPONSES,),
+                    (_SGLANG_GENERATION, 'status_code=~"5.."'),
+                    "server errors (5xx) of the generation endpoints. "
+                    "sglang:num_aborted_requests_total is not used: it counts the tokenizer "
+                    "manager's abort_request, mostly clients that hung up, and no 500",
                 ),
                 "prompt_tokens": SourceSeries(("sglang:prompt_tokens_total",)),
                 "generated_tokens": SourceSeries(("sglang:generation_tokens_total",)),
@@ -255,7 +265,14 @@ PROFILES: Mapping[str, SourceProfile] = {
             },
             labels={"model": "model_name", "region": "region"},
             buckets=_SGLANG_BUCKETS,
-            missing={"p99_including_reroute": _NO_REROUTE},
+            missing={
+                "p99_including_reroute": _NO_REROUTE,
+                "errors_by_model": "sglang:http_responses_total has no model label: the "
+                "availability SLO counts every model the server serves",
+                "stream_failures": "a request that fails after its stream's 200 is counted as "
+                "a 200 by the middleware, and SGLang labels no finished request with its "
+                "finish reason: put redline's gateway in the path to count it",
+            },
         ),
         SourceProfile(
             "tgi",

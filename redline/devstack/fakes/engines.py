@@ -383,7 +383,10 @@ def _one_two_five(max_value: int) -> tuple[float, ...]:
 
 
 class _Sglang(_Engine):
-    """SGLang's TokenizerMetricsCollector and scheduler gauges (--enable-metrics)."""
+    """SGLang 0.5.23's TokenizerMetricsCollector, scheduler gauges and HTTP middleware
+    (--enable-metrics)."""
+
+    ENDPOINT = "/v1/chat/completions"
 
     def setup(self) -> None:
         """The engine's series."""
@@ -398,8 +401,23 @@ class _Sglang(_Engine):
             "Histogram of time to first token in seconds.",
             SGLANG_TTFT_BUCKETS,
         )
-        self.requests = self.bound_counter(self.signal("requests"), "Number of requests processed.")
-        self.aborted = self.bound_counter(self.signal("errors"), "Number of requests aborted.")
+        self.requests = self.bound_counter(
+            "sglang:num_requests_total", "Number of requests processed."
+        )
+        self.aborted = self.bound_counter(
+            "sglang:num_aborted_requests_total", "Number of requests aborted."
+        )
+        # The HTTP middleware's (srt/observability/http_request_metrics.py): no model label.
+        self.http_requests = self.counter(
+            "sglang:http_requests_total",
+            "Total number of HTTP requests by endpoint and method",
+            ["endpoint", "method", *self.extra],
+        ).labels(endpoint=self.ENDPOINT, method="POST", **self.extra)
+        self.http_responses = self.counter(
+            _names(self.profile, "requests")[0],
+            "Total number of HTTP responses by endpoint and status code",
+            ["endpoint", "status_code", "method", *self.extra],
+        )
         self.prompt_tokens = self.bound_counter(
             self.signal("prompt_tokens"), "Number of prefill tokens processed."
         )
@@ -419,7 +437,14 @@ class _Sglang(_Engine):
         self.token_usage.set(0.05)
 
     def record(self, request: Request, count: int) -> None:
-        """A finished request (aborted ones too) is one of num_requests_total."""
+        """The middleware counts every answer when it starts (a stream's at its 200); the
+        scheduler's num_requests_total what it finished, aborts as num_aborted_requests."""
+        self.http_requests.inc(count)
+        if request.streamed or request.status != ABORTED:
+            status = "200" if request.streamed else str(request.status)
+            self.http_responses.labels(
+                endpoint=self.ENDPOINT, status_code=status, method="POST", **self.extra
+            ).inc(count)
         if 400 <= request.status < 500 and request.status != ABORTED:
             return  # rejected by the tokenizer manager before it was scheduled
         self.requests.inc(count)
