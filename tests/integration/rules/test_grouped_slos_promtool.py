@@ -5,6 +5,7 @@ averages-hide-failures case, the max_groups guard, and mutations the cases must 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,15 +39,20 @@ def grouped_spec(profile: str, group_by: tuple[str, ...], model: str | None = No
     return spec.model_copy(update={"slos": slos, "sources": sources})
 
 
-def _slo_cases_only(root: Path, spec: Spec) -> tuple[Path, list[str]]:
-    """Generate `spec`'s outputs under `root`, keep only the SLO families' promtool cases."""
+def _cases_only(root: Path, spec: Spec, keep: Callable[[str], bool]) -> tuple[Path, list[str]]:
+    """Generate `spec`'s outputs under `root`, keep only the promtool cases `keep` names."""
     write_outputs(root, build_outputs(spec, "spec.yaml"))
     directory = root / RULES_DIR
     tests_file = directory / TEST_FILE
     tests = yaml.safe_load(tests_file.read_text())
-    tests["tests"] = [t for t in tests["tests"] if " SLO" in t["name"]]
+    tests["tests"] = [t for t in tests["tests"] if keep(t["name"])]
     tests_file.write_text(yaml.safe_dump(tests))
     return directory, [t["name"] for t in tests["tests"]]
+
+
+def _slo_cases_only(root: Path, spec: Spec) -> tuple[Path, list[str]]:
+    """Only the SLO families' promtool cases."""
+    return _cases_only(root, spec, lambda name: " SLO" in name)
 
 
 @pytest.mark.parametrize(
@@ -108,14 +114,8 @@ def red_line_grouped_spec(profile: str, group_by: tuple[str, ...], model: str | 
 
 
 def _red_line_cases_only(root: Path, spec: Spec) -> tuple[Path, list[str]]:
-    """Generate `spec`'s outputs under `root`, keep only the latency red line's promtool cases."""
-    write_outputs(root, build_outputs(spec, "spec.yaml"))
-    directory = root / RULES_DIR
-    tests_file = directory / TEST_FILE
-    tests = yaml.safe_load(tests_file.read_text())
-    tests["tests"] = [t for t in tests["tests"] if t["name"].startswith("latency red line")]
-    tests_file.write_text(yaml.safe_dump(tests))
-    return directory, [t["name"] for t in tests["tests"]]
+    """Only the latency red line's promtool cases."""
+    return _cases_only(root, spec, lambda name: name.startswith("latency red line"))
 
 
 @pytest.mark.parametrize(
