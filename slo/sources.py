@@ -386,6 +386,12 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "operation around them",
                 "exact_latency_thresholds": "OpenTelemetry's advisory buckets (0.01 x 2^i) hold "
                 "no round thresholds: slow requests are counted at the nearest bucket below",
+                "streamed_calls": "the OpenAI instrumentation (opentelemetry-instrumentation-"
+                "openai-v2 2.4b0, patch.py) records a streamed call when it hands the stream "
+                "back: its duration is the time to the response headers, not to the last token, "
+                "with no token usage, and a failure later in the stream carries no error.type; "
+                "streamed calls read fast, successful and tokenless: put redline's gateway in "
+                "the path to measure them",
             },
         ),
     )

@@ -690,7 +690,13 @@ class _OtelGenai(_Engine):
         ).set(1)
 
     def record(self, request: Request, count: int) -> None:
-        """Every operation has a duration; a failed one carries error.type (the status code)."""
+        """Every operation has a duration; a failed one carries error.type (the status code).
+        A streamed call is recorded when its stream is handed back (openai-v2 2.4b0 patch.py):
+        after its first token, successful, without token usage."""
+        if request.streamed:
+            labels = {**self.common, "error_type": ""}
+            _observe(self.duration.labels(**labels), min(request.ttft, request.latency), count)
+            return
         error = "" if request.ok else str(request.status)
         _observe(self.duration.labels(**self.common, error_type=error), request.latency, count)
         if not request.ok:

@@ -241,3 +241,17 @@ def test_server_serves_metrics_and_nims_path() -> None:
         assert server.url == f"http://127.0.0.1:{server.port}/metrics"
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url, timeout=1)
+
+
+def test_otel_records_a_streamed_call_when_it_hands_the_stream_back() -> None:
+    metrics = EngineMetrics("otel-genai")
+    metrics.observe(2.0, ttft_seconds=0.1, status=500, count=3, streamed=True)
+    samples = _samples(metrics.render().decode())
+    duration = PROFILES["otel-genai"].series["request_duration"].names[0]
+    buckets = [(labels, value) for name, labels, value in samples if name == f"{duration}_bucket"]
+    # Timed to the response headers (0.1 s), not the stream's end (2 s); no error.type.
+    assert {labels["le"]: value for labels, value in buckets}["0.16"] == 3
+    assert all(labels.get("error_type", "") == "" for labels, _ in buckets)
+    assert _total(samples, "errors", "otel-genai") == 0
+    assert _total(samples, "requests", "otel-genai") == 3
+    assert _total(samples, "generated_tokens", "otel-genai") == 0
