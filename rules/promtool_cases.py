@@ -180,13 +180,16 @@ _SATISFYING: tuple[str, ...] = ("error", "5xx", "500", "x")
 _VIOLATING: tuple[str, ...] = ("2xx", "200", "ok", "x", "")
 _VIOLATING_BY_LABEL: dict[str, tuple[str, ...]] = {"finished_reason": ("stop",)}
 """A label's own value for a request that is no error (vLLM's FinishReason.STOP)."""
+_SATISFYING_BY_LABEL: dict[str, tuple[str, ...]] = {"error_type": ("InternalServerError",)}
+"""A label's own value for a server error (the OpenAI SDK's exception for a 5xx)."""
 
 
 def _value_for(matcher: str, satisfy: bool) -> str:
     label, op, value = parse_matcher(matcher)
     examples: list[str] = _regex_examples(value) if "~" in op else []
     fallback = _SATISFYING if satisfy else (*_VIOLATING_BY_LABEL.get(label, ()), *_VIOLATING)
-    candidates: list[str] = [value, *examples, *fallback]
+    preferred = _SATISFYING_BY_LABEL.get(label, ()) if satisfy else ()
+    candidates: list[str] = [*preferred, value, *examples, *fallback]
     for candidate in candidates:
         if matches(matcher, {label: candidate}) == satisfy:
             return candidate

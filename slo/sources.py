@@ -156,6 +156,13 @@ _NO_REROUTE = (
 # (FinishReason, vllm/v1/engine/__init__.py); `vllm:admission_rejections` {model_name, reason}
 # counted in AsyncLLM before it raises QueueOverflowError (vllm/v1/engine/async_llm.py), which the
 # API server answers 503.
+# The OpenAI SDK's exceptions for the client's own errors (openai 3.63 _client.py
+# _make_status_error: 400, 401, 403, 404, 409, 422); the instrumentation records the class name
+# as error.type.
+_OPENAI_CLIENT_ERRORS = (
+    "BadRequestError", "AuthenticationError", "PermissionDeniedError", "NotFoundError",
+    "ConflictError", "UnprocessableEntityError",
+)  # fmt: skip
 # SGLang 0.5.23 srt/observability/http_request_metrics.py: the HTTP middleware counts
 # `sglang:http_responses_total{endpoint, status_code, method}` when a response starts.
 _SGLANG_RESPONSES = "sglang:http_responses_total"
@@ -362,8 +369,12 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "requests": SourceSeries(("gen_ai_client_operation_duration_seconds_count",)),
                 "errors": SourceSeries(
                     ("gen_ai_client_operation_duration_seconds_count",),
-                    ('error_type!=""',),
-                    "operations that recorded an error.type",
+                    (f'error_type!~"|{"|".join(_OPENAI_CLIENT_ERRORS)}"',),
+                    "operations that recorded an error.type (the exception's class: "
+                    "InternalServerError for a 5xx, RateLimitError, APIConnectionError, "
+                    "APITimeoutError ...) but the client's own (the OpenAI SDK's exceptions "
+                    "for 400, 401, 403, 404, 409 and 422); a call the client cancels records no "
+                    "error.type (CancelledError is not an Exception the instrumentation catches)",
                 ),
                 "prompt_tokens": SourceSeries(
                     ("gen_ai_client_token_usage_sum",), ('gen_ai_token_type="input"',)

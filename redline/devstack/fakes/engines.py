@@ -457,6 +457,20 @@ class _Sglang(_Engine):
         self.generation_tokens.inc(request.completion_tokens * count)
 
 
+_OPENAI_STATUS_ERRORS = {
+    400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+    404: "NotFoundError", 409: "ConflictError", 422: "UnprocessableEntityError",
+    429: "RateLimitError",
+}  # fmt: skip
+
+
+def _openai_error(status: int) -> str:
+    """The OpenAI SDK's exception class for an HTTP status (openai 3.63 _make_status_error)."""
+    if status >= 500:
+        return "InternalServerError"
+    return _OPENAI_STATUS_ERRORS.get(status, "APIStatusError")
+
+
 class _BareCounters(Collector):
     """Counters named without `_total`, as metrics-exporter-prometheus (Rust) writes TGI's."""
 
@@ -697,7 +711,7 @@ class _OtelGenai(_Engine):
             labels = {**self.common, "error_type": ""}
             _observe(self.duration.labels(**labels), min(request.ttft, request.latency), count)
             return
-        error = "" if request.ok else str(request.status)
+        error = "" if request.ok or request.status == ABORTED else _openai_error(request.status)
         _observe(self.duration.labels(**self.common, error_type=error), request.latency, count)
         if not request.ok:
             return

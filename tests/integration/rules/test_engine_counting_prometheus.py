@@ -51,6 +51,15 @@ PATHS = {
         Path_(50, ABORTED, True, False, False),  # the client hung up: no finished stats
         Path_(100, 422, False, False, False),  # refused by the API server's validation
     ),
+    "otel-genai": (  # opentelemetry-instrumentation-openai-v2 2.4b0 around the OpenAI SDK
+        Path_(900, 200, False, True, False),
+        # Recorded when the stream is handed back, before it fails (the profile says so).
+        Path_(40, 500, True, True, False, lazy=True),
+        Path_(30, 500, False, True, True, lazy=True),  # InternalServerError
+        Path_(30, 503, False, True, True, lazy=True),  # InternalServerError
+        Path_(50, ABORTED, False, True, False),  # cancelled: no error.type
+        Path_(100, 422, False, True, False, lazy=True),  # UnprocessableEntityError: the client's
+    ),
     "sglang": (  # SGLang 0.5.23's HTTP middleware: every labelled series created lazily
         Path_(900, 200, True, True, False, lazy=True),
         # A failure after the stream's 200: SGLang cannot tell (the profile's `missing` says).
