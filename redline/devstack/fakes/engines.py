@@ -64,15 +64,15 @@ VLLM_ITL_BUCKETS = (
     20.0, 40.0, 80.0,
 )  # fmt: skip
 VLLM_FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""vLLM's FINISH_REASON_STRINGS: every value is a `finished_reason` series from the start."""
 VLLM_ADMISSION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
 """vLLM 0.33.0's ADMISSION_REASONS (vllm/v1/metrics/loggers.py)."""
 OVERLOADED = 503
-TGI_REQUEST_COUNT = "tgi_request_count"
-"""TGI's request counter, which a chat request increments twice (no profile reads it)."""
+"""The status vLLM answers a request its admission refuses (QueueOverflowError)."""
 VLLM_HTTP_REQUESTS = "http_requests_total"
 """vLLM's API server's request counter (prometheus-fastapi-instrumentator; status grouped)."""
-"""The status vLLM answers a request its admission refuses (QueueOverflowError)."""
-"""vLLM's FINISH_REASON_STRINGS: every value is a `finished_reason` series from the start."""
+TGI_REQUEST_COUNT = "tgi_request_count"
+"""TGI's request counter, which a chat request increments twice (no profile reads it)."""
 VLLM_MAX_MODEL_LEN = 4096
 # SGLang (TokenizerMetricsCollector defaults, python/sglang/srt/metrics/collector.py).
 SGLANG_E2E_BUCKETS = (
