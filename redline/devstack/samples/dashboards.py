@@ -389,21 +389,19 @@ class _EngineTraffic:
         if duration is None or requests is None or errors is None:
             raise ValueError(f"the {profile.name} profile lacks a latency, request or error series")
         self.requests, self.errors = requests, errors
-        # Labels an error / a success carries on the request counters (vLLM: the status class).
-        only_errors = [m for m in errors.matchers if m not in requests.matchers]
-        self.error_labels = _labels_matching([*requests.matchers, *errors.matchers])
-        self.ok_labels = _labels_matching(requests.matchers, only_errors)
         self.request_labels = _labels_matching(requests.matchers)
-        # OpenTelemetry counts operations with the duration histogram's own `_count`.
+        # OpenTelemetry counts operations with the duration histogram's own `_count`: its
+        # successes and errors are told apart on the histogram itself.
         self.counted = f"{duration.names[0]}_count"
         split = self.counted in (*requests.names, *errors.names)
+        outcomes = {"ok": self._ok_labels(self.counted), "error": self._error_labels(self.counted)}
         self.histograms: dict[tuple[str, str], _Histogram] = {}
         self.ttft: dict[str, _Histogram] = {}
         ttft = src.series("time_to_first_token")
         for region in spec.regions:
             base = {**self.base(region), **_labels_matching(duration.matchers)}
             for outcome in ("ok", "error") if split else ("all",):
-                extra = {"ok": self.ok_labels, "error": self.error_labels}.get(outcome, {})
+                extra = outcomes.get(outcome, {})
                 self.histograms[region, outcome] = _Histogram(
                     fam, duration.names[0], {**base, **extra}, src.buckets
                 )
