@@ -38,6 +38,11 @@ def record_base(spec: Spec) -> str:
     return spec.sources.resolve().record_base()
 
 
+def red_line_by(spec: Spec) -> tuple[str, ...]:
+    """The labels the latency red line is recorded and alerted by: region, then its group_by."""
+    return (catalog.LABEL_REGION, *spec.red_lines.latency_p99.group_by)
+
+
 def p99_record(spec: Spec) -> str:
     """Name of the recorded per-region latency quantile (e.g. `...:p99_5m`)."""
     red = spec.red_lines.latency_p99

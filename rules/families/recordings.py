@@ -13,6 +13,7 @@ from redline.rules.model import RecordingRule, RuleGroup, le_matcher, number
 from redline.rules.promtool_cases import AlertIndex, Case
 from redline.rules.records import (
     p99_record,
+    red_line_by,
     rollback_records,
     rollback_window,
     slow_bound,
@@ -62,8 +63,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     def latency(by: tuple[str, ...], over: str, suffix: str, fn: Fn = "rate", *m: str) -> str:
         return aggregate(spec, "request_duration", over, by, suffix=suffix, fn=fn, matchers=m)
 
-    # The red line's figures per region, and per group when it is grouped.
-    red_by = (catalog.LABEL_REGION, *red.group_by)
+    red_by = red_line_by(spec)
     count_in_window = latency(red_by, red.window, "_count", "increase")
     fast_in_window = latency(red_by, red.window, "_bucket", "increase", le_matcher(slow))
     rules = [

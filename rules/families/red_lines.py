@@ -3,6 +3,8 @@ critical alerts, and the promtool cases that prove them."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from redline.rules.common import alert_rule
 from redline.rules.families.slo import group_of
 from redline.rules.model import AlertRule, RuleGroup, format_duration, number
@@ -18,6 +20,7 @@ from redline.rules.promtool_cases import (
 )
 from redline.rules.records import (
     p99_record,
+    red_line_by,
     window_requests_record,
     window_slow_requests_record,
 )
@@ -36,7 +39,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
     measured = lat.includes_reroute and spec.sources.resolve().profile.includes_reroute
     reroute = "including cross-region reroutes " if measured else ""
     requests = window_requests_record(spec)
-    on = ", ".join((catalog.LABEL_REGION, *lat.group_by))
+    on = ", ".join(red_line_by(spec))
     of = "".join(f" {label} {{{{ $labels.{label} }}}}" for label in lat.group_by)
     # Over fewer than min_requests the P99 is the slowest request: no evidence for a reroute.
     evidence = f"\nand on ({on})\n{requests} >= {lat.min_requests}" if lat.min_requests else ""
@@ -111,6 +114,30 @@ def _window_step(window_seconds: int) -> int:
     return max(d for d in range(1, min(60, window_seconds // 4) + 1) if window_seconds % d == 0)
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """Where the red line's window cases sample: a step dividing the window, the samples a
+    window holds, the evaluation time (a whole number of steps) and the samples written."""
+
+    step: int
+    per_window: int
+    eval_at: int
+    steps: int
+
+
+def _window_grid(spec: Spec) -> _Grid:
+    """The grid of the latency red line's window (see `_window_step`)."""
+    window = int(parse_duration(spec.red_lines.latency_p99.window))
+    step = _window_step(window)
+    eval_at = 900 - 900 % step
+    return _Grid(step, window // step, eval_at, eval_at // step + 5)
+
+
+def _alert_labels(spec: Spec, labels: dict[str, str], region: str) -> dict[str, str]:
+    """What the latency red line's alerts carry for a request with `labels` in `region`."""
+    return {"region": region, **group_of(spec, spec.red_lines.latency_p99.group_by, labels)}
+
+
 def _evidence_cases(
     spec: Spec,
     alerts: AlertIndex,
@@ -125,21 +152,18 @@ def _evidence_cases(
     lat = spec.red_lines.latency_p99
     if not lat.min_requests:
         return []
-    window = int(parse_duration(lat.window))
-    step = _window_step(window)
-    per_window = window // step
-    eval_at = 900 - 900 % step
-    steps = eval_at // step + 5
+    grid = _window_grid(spec)
+    step, eval_at = grid.step, grid.eval_at
     primary, secondary = spec.regions[0], spec.regions[-1]
 
     def traffic(region: str, fast: float, slow: float) -> dict[str, str]:
-        per_step = {at: fast / per_window, above: slow / per_window}
-        return histogram(spec, {**labels, "region": region}, per_step, steps)
+        per_step = {at: fast / grid.per_window, above: slow / grid.per_window}
+        return histogram(spec, {**labels, "region": region}, per_step, grid.steps)
 
     red_line = alerts.get(Alert.RED_LINE_LATENCY_P99)
 
     def red_labels(region: str) -> dict[str, str]:
-        return {"region": region, **group_of(spec, lat.group_by, labels)}
+        return _alert_labels(spec, labels, region)
 
     cases = [
         Case(
@@ -204,35 +228,26 @@ def _group_case(
     adapter = {**labels, "model": "chat-adapter", "model_version": "v2"}
     if group_of(spec, lat.group_by, adapter) == group_of(spec, lat.group_by, labels):
         return []  # a constant model grouped by model alone: one group, nothing to case
-    window = int(parse_duration(lat.window))
-    step = _window_step(window)
-    per_window = window // step
-    eval_at = 900 - 900 % step
-    steps = eval_at // step + 5
+    grid = _window_grid(spec)
     slow = 2 * max(lat.min_requests, 50)  # enough evidence in the adapter's own window
+    red_line = alerts.get(Alert.RED_LINE_LATENCY_P99)
     return [
         Case(
             f"latency red line by {', '.join(lat.group_by)}: an adapter over the line at 0.5 % "
             "of the region's traffic fires for itself alone",
             {
-                **histogram(spec, labels, {at: 200 * slow / per_window}, steps),
-                **histogram(spec, adapter, {above: slow / per_window}, steps),
+                **histogram(spec, labels, {at: 200 * slow / grid.per_window}, grid.steps),
+                **histogram(spec, adapter, {above: slow / grid.per_window}, grid.steps),
             },
-            eval_at,
+            grid.eval_at,
             [
                 (
                     Alert.RED_LINE_LATENCY_P99,
-                    [
-                        expected(
-                            alerts.get(Alert.RED_LINE_LATENCY_P99),
-                            {"region": labels["region"], **group_of(spec, lat.group_by, adapter)},
-                            p99,
-                        )
-                    ],
+                    [expected(red_line, _alert_labels(spec, adapter, labels["region"]), p99)],
                 ),
                 (Alert.RED_LINE_LATENCY_SLOW_REQUESTS, []),
             ],
-            interval_seconds=step,
+            interval_seconds=grid.step,
         )
     ]
 
@@ -248,10 +263,6 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         "model_version": "v1", "status": "200",
     }  # fmt: skip
     labels_fast = {**labels_slow, "region": secondary, "rerouted": "false"}
-
-    def red_labels(region: str) -> dict[str, str]:
-        return {"region": region, **group_of(spec, red.latency_p99.group_by, labels_slow)}
-
     # At least four samples in the quantile's rate window (the local profile's is 30 s).
     step = min(SERIES_INTERVAL, int(parse_duration(red.latency_p99.window) // 4))
     steps = 900 // step + 5
@@ -265,7 +276,13 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         [
             (
                 Alert.RED_LINE_LATENCY_P99,
-                [expected(alerts.get(Alert.RED_LINE_LATENCY_P99), red_labels(primary), p99)],
+                [
+                    expected(
+                        alerts.get(Alert.RED_LINE_LATENCY_P99),
+                        _alert_labels(spec, labels_slow, primary),
+                        p99,
+                    )
+                ],
             )
         ],
         interval_seconds=step,
