@@ -138,7 +138,7 @@ def load_spec(
 def check_spec(spec: Spec) -> list[Finding]:
     """Cross-field consistency checks that a field-by-field schema cannot express."""
     findings: list[Finding] = []
-    findings.extend(_threshold_findings(spec))
+    findings.extend(threshold_findings(spec))
     findings.extend(_source_findings(spec))
     findings.extend(_group_findings(spec))
     for name in ("lora_adapter", "session_state", "embedding_index"):
@@ -163,7 +163,7 @@ def check_spec(spec: Spec) -> list[Finding]:
     return findings
 
 
-def _threshold_findings(spec: Spec) -> list[Finding]:
+def threshold_findings(spec: Spec) -> list[Finding]:
     """Latency thresholds that are not buckets: an error where the user chooses the buckets
     (redline's gateway), a warning naming the bucket used where the engine fixed them."""
     resolved = spec.sources.resolve()

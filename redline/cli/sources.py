@@ -24,7 +24,7 @@ from redline.slo.detect import (
     build_detection,
     same_buckets,
 )
-from redline.slo.load import SpecError, check_spec, load_spec
+from redline.slo.load import SpecError, load_spec, threshold_findings
 from redline.slo.sources import (
     PROFILE_NAMES,
     PROFILES,
@@ -165,13 +165,13 @@ def spec_findings(spec: Spec, detection: Detection) -> list[str]:
             f"{', '.join(f'{b:g}' for b in spec.sources.buckets)}"
         )
     served = spec.sources.model_copy(update={"histogram_buckets": detection.buckets or None})
-    for finding in check_spec(spec.model_copy(update={"sources": served})):
-        if "bucket" in finding.message:
-            lines.append(f"{finding.level}: {finding.field}: {finding.message}")
+    for finding in threshold_findings(spec.model_copy(update={"sources": served})):
+        lines.append(f"{finding.level}: {finding.field}: {finding.message}")
+    resolved = spec.sources.resolve()
     lines += [
         f"warning: {p.signal}: the engine serves no {', '.join(p.missing)}"
         for p in detection.signals
-        if p.missing and (spec.sources.resolve().series(p.signal) is not None)
+        if p.missing and resolved.series(p.signal) is not None
     ]
     return lines
 
