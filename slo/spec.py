@@ -122,6 +122,10 @@ def distinct_labels(value: tuple[str, ...]) -> tuple[str, ...]:
     return value
 
 
+GroupBy = Annotated[tuple[GroupLabel, ...], AfterValidator(distinct_labels)]
+RedLineGroupBy = Annotated[tuple[RedLineGroupLabel, ...], AfterValidator(distinct_labels)]
+
+
 class LatencyRedLine(_Model):
     """End-to-end P99 latency measured at the gateway, including cross-region reroutes."""
 
@@ -145,7 +149,7 @@ class LatencyRedLine(_Model):
         description="Under `min_requests`, page a human (no playbook) when at least this many "
         "requests of the window were slower than the threshold (0: never).",
     )
-    group_by: tuple[RedLineGroupLabel, ...] = Field(
+    group_by: RedLineGroupBy = Field(
         (),
         description="One red line per region and value of these labels, each with its own "
         "min_requests: a model over the line pages even when the region's other models keep "
@@ -156,11 +160,6 @@ class LatencyRedLine(_Model):
     restore: RestorePolicy = Field(
         default_factory=RestorePolicy, description="When the reroute hands the traffic back."
     )
-
-    @field_validator("group_by")
-    @classmethod
-    def _distinct_group_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return distinct_labels(value)
 
 
 class ContextKeepaliveRedLine(_Model):
@@ -305,7 +304,7 @@ class Slo(_Model):
         description="A burn-rate alert needs at least this many events in its long window: a "
         "low-traffic service does not page on a handful of failed requests (0 turns it off).",
     )
-    group_by: tuple[GroupLabel, ...] = Field(
+    group_by: GroupBy = Field(
         (),
         description="One SLO per value of these labels, each with its own budget, min_events "
         "and burn alerts labelled with the group: an adapter failing 20 % of its requests at "
@@ -317,11 +316,6 @@ class Slo(_Model):
         f"{alerts.Alert.SLO_GROUPS_OVER_LIMIT.value} (ticket); every group is still evaluated, "
         "none dropped.",
     )
-
-    @field_validator("group_by")
-    @classmethod
-    def _distinct_group_labels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return distinct_labels(value)
 
     @property
     def burn_alert_name(self) -> str:
