@@ -5,6 +5,7 @@ the replacement's readiness and reopens it; the manual trigger and the CLI."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -83,6 +84,23 @@ class Fleet:
         assert not old.thread.is_alive(), "the preempted instance did not stop"
         app = build_simulator_app(SimulatorSettings(region="spot-a", seed=9))
         self.sims["spot-a"] = serve_in_thread(app, port=port)
+
+
+def replace_once_drained(fleet: Fleet, redis_url: str) -> None:
+    """The node goes and a new one boots on its address once the drained node is gone, as on a
+    real cloud. A fixed delay raced a slow drain on a busy machine: the drain then read the
+    replacement's id as the preempted one, and the readiness gate never passed it."""
+    store = SpotStateStore(redis.Redis.from_url(redis_url))
+
+    def gone() -> bool:
+        record = store.get("spot-a")
+        return record.preempted_instance != "" and time.time() >= (record.gone_at or math.inf)
+
+    try:
+        wait_for(gone, timeout=60, what="the preempted node gone")
+    finally:
+        store.close()
+    fleet.replace_spot()
 
 
 def agent_settings(redis_url: str, **values: Any) -> SpotAgentSettings:
@@ -179,7 +197,7 @@ def test_spot_drain_playbook_drains_waits_for_the_replacement_and_reopens(
                                          "readiness_timeout_seconds": 20,
                                          "gateway_token_file": str(fleet.token_file)}},
     )  # fmt: skip
-    replacer = threading.Timer(3.5, fleet.replace_spot)  # the node goes, a new one boots
+    replacer = threading.Thread(target=replace_once_drained, args=(fleet, redis_url))
     replacer.start()
     start = datetime.now(UTC) - timedelta(seconds=1)
     labels = {"alertname": "SpotPreemptionNotice", "node": "spot-a", "provider": "gcp"}
