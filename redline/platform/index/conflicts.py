@@ -12,6 +12,16 @@ loser's version and checksum. Both copies converge on the same rows whatever the
 the writes arrived, because the outcome depends on the heads only. An upsert losing to a delete
 is last-writer-wins (no re-map, no conflict): there is no second content to keep.
 
+**Superseded writes.** A head also carries its region's *tombstone*: the ts_ms of the last delete
+that region made of the id, up to and including the head (a region's log is applied in order, so
+every copy computes the same). An upsert that another region deleted afterwards — a tombstone with
+a higher (ts_ms, region) than the upsert — is *superseded*: it lost to that delete, its content
+was never kept, and it is no conflict with anything written later. Without this, a region that
+deletes an id and writes it again later would turn the other region's long-dead upsert into a
+conflict whose content no copy that applied the delete on its own still holds; copies that saw
+the writes in one batch would re-map it and the others could not (they stopped with
+"the copy and its heads disagree").
+
 **The conflict window.** Two writes of an id are concurrent only if neither region could have
 seen the other's: with a window W (`window_ms`, the replication window: at least the longest
 replication lag plus the clock skew between writers), writes more than W apart (ts_ms) are
@@ -83,6 +93,9 @@ class Head:
     ts_ms: int
     op: Op
     checksum: str
+    tombstone_ms: int = field(default=-1, compare=False)
+    """ts_ms of this region's last delete of the id up to this write (-1: none). Not compared:
+    it follows from the region's log up to `stream_id`."""
 
     def key(self) -> tuple[int, str]:
         """Which head wins: the higher (ts_ms, region)."""
@@ -92,10 +105,21 @@ class Head:
         """True when this head is a later write of its region than `other`."""
         return other is None or parse_stream_id(self.stream_id) > parse_stream_id(other.stream_id)
 
+    def supersedes(self, other: Head) -> bool:
+        """True when this head's region deleted the id after `other` was written elsewhere."""
+        return (
+            self.region != other.region
+            and self.tombstone_ms >= 0
+            and (self.tombstone_ms, self.region) > other.key()
+        )
+
     @classmethod
-    def of(cls, entry: Entry) -> Head:
-        """The head an entry makes."""
-        return cls(entry.region, entry.stream_id, entry.ts_ms, entry.op, entry.checksum)
+    def of(cls, entry: Entry, previous: Head | None = None) -> Head:
+        """The head an entry makes (`previous`: its region's head before, for the tombstone)."""
+        tombstone = -1 if previous is None else previous.tombstone_ms
+        if entry.op == "delete":
+            tombstone = max(tombstone, entry.ts_ms)
+        return cls(entry.region, entry.stream_id, entry.ts_ms, entry.op, entry.checksum, tombstone)
 
 
 Heads = dict[str, Head]
@@ -183,10 +207,16 @@ def build_desired(
     conflicts = tuple(
         c
         for h in heads.values()
-        if (c := build_conflict(original, winner, h, salt, pk_type, window_ms)) is not None
+        if not superseded(h, heads)
+        and (c := build_conflict(original, winner, h, salt, pk_type, window_ms)) is not None
     )
     remaps = {c.remapped_id: c.loser for c in conflicts}
     return Desired(winner if winner.op == "upsert" else None, remaps, conflicts)
+
+
+def superseded(head: Head, heads: Mapping[str, Head]) -> bool:
+    """True when another region's head deleted the id after `head` (see *Superseded writes*)."""
+    return any(other.supersedes(head) for other in heads.values())
 
 
 def prune_settled(heads: Heads, settled_before_ms: int, window_ms: int | None) -> Heads:
@@ -201,17 +231,24 @@ def prune_settled(heads: Heads, settled_before_ms: int, window_ms: int | None) -
 
     def conflicts(head: Head) -> bool:
         # salt and key type only shape the re-mapped id, not whether there is a conflict
-        return build_conflict("", winner, head, DEFAULT_SALT, "varchar", window_ms) is not None
+        return (
+            not superseded(head, heads)
+            and build_conflict("", winner, head, DEFAULT_SALT, "varchar", window_ms) is not None
+        )
 
     if len(settled) == len(heads) and not any(conflicts(h) for h in heads.values()):
-        if window_ms is not None or all(h.op == "delete" for h in heads.values()):
+        if window_ms is not None or all(
+            h.op == "delete" or superseded(h, heads) for h in heads.values()
+        ):
             return {}
 
     def droppable(head: Head) -> bool:
         if head.region not in settled or head == winner or conflicts(head):
             return False
-        # without a window a losing upsert can still conflict with a later write of the winner
-        return head.op == "delete" or window_ms is not None
+        # without a window a losing upsert can still conflict with a later write of the winner,
+        # unless a delete superseded it. Dropping a head drops its tombstone too, but every head
+        # that tombstone supersedes is older still, so settled, and goes in the same pass.
+        return head.op == "delete" or window_ms is not None or superseded(head, heads)
 
     kept = {r: h for r, h in heads.items() if not droppable(h)}
     return kept if len(kept) < len(heads) else heads
@@ -225,7 +262,7 @@ def fold_heads(entries: Iterable[Entry], heads: Mapping[str, Heads]) -> dict[str
         current = changed.get(entry.id)
         if current is None:
             current = dict(heads.get(entry.id, {}))
-        head = Head.of(entry)
+        head = Head.of(entry, current.get(entry.region))
         if head.after(current.get(entry.region)):
             current[entry.region] = head
             changed[entry.id] = current
@@ -576,16 +613,22 @@ def _window_text(value: str | None) -> str:
 
 def _format_heads(heads: Heads) -> str:
     return json.dumps(
-        {r: [h.stream_id, h.ts_ms, h.op, h.checksum] for r, h in sorted(heads.items())},
+        {
+            r: [h.stream_id, h.ts_ms, h.op, h.checksum, *([h.tombstone_ms] * (h.tombstone_ms >= 0))]
+            for r, h in sorted(heads.items())
+        },
         separators=(",", ":"),
     )
 
 
 def _parse_heads(raw: bytes | str) -> Heads:
     data = json.loads(raw)
+    # [stream id, ts_ms, op, checksum] and, once the region deleted the id, its tombstone
     return {
-        region: Head(region, str(sid), int(ts), cast(Op, op), str(checksum))
-        for region, (sid, ts, op, checksum) in data.items()
+        region: Head(region, str(sid), int(ts), cast(Op, op), str(checksum), int(rest[0]))
+        if rest
+        else Head(region, str(sid), int(ts), cast(Op, op), str(checksum))
+        for region, (sid, ts, op, checksum, *rest) in data.items()
     }
 
 

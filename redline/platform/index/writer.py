@@ -35,6 +35,8 @@ from redline.platform.index.conflicts import (
     Head,
     apply_heads,
     build_conflict,
+    fold_heads,
+    superseded,
 )
 from redline.platform.index.deltalog import DeltaLog, FreezeState, new_token
 from redline.platform.index.entries import (
@@ -257,11 +259,17 @@ class IndexWriter:
         if not upserts:
             return
         pk_type = self.primary.schema().pk_type
+        # the copy's heads with this batch folded in: a delete made after their write (ours,
+        # in this batch or before, or a third region's) superseded it, so it is no conflict
+        known = self.conflicts.heads(self.primary.name, list(upserts))
+        heads = {**known, **fold_heads(entries, known)}
         found = []
         for region in self.conflicts.regions():
             if region == self.region:
                 continue
             for row_id, theirs in self.conflicts.recent(region, list(upserts)).items():
+                if superseded(theirs, heads.get(row_id, {})):
+                    continue
                 ours = Head.of(upserts[row_id])
                 conflict = build_conflict(
                     row_id, ours, theirs, self.conflicts.salt, pk_type, self.conflicts.window_ms

@@ -1,6 +1,6 @@
 """The conflict window and the pruning of settled heads (pure): two writes further apart than the
 window are no conflict, and dropping settled heads from one copy and not the other changes no row
-of either, whatever is written afterwards and in whatever order the two logs arrive."""
+of either, whatever is written afterwards and in whatever order the regions' logs arrive."""
 
 from __future__ import annotations
 
@@ -11,7 +11,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from redline.platform.index import Entry, build_conflict, build_desired, remap_id, row_checksum
-from redline.platform.index.conflicts import Head, Heads, build_row_plan, fold_heads, prune_settled
+from redline.platform.index.conflicts import (
+    Head,
+    Heads,
+    _format_heads,
+    _parse_heads,
+    build_row_plan,
+    fold_heads,
+    prune_settled,
+)
 
 SALT = "s"
 Rows = dict[str, tuple[str, int, str]]
@@ -59,18 +67,23 @@ class _Copy:
                 del self.heads[row_id]
 
 
+REGIONS = ("a", "b", "c")
+
+
 def _interleave(logs: dict[str, list[Entry]], rng: stdlib_random.Random) -> list[Entry]:
-    """The two logs merged in a random order, each keeping its own."""
-    a, b = list(logs["a"]), list(logs["b"])
+    """The regions' logs merged in a random order, each keeping its own."""
+    pending = [list(log) for log in logs.values() if log]
     mixed = []
-    while a or b:
-        source = a if (a and (not b or rng.random() < 0.5)) else b
+    while pending:
+        source = rng.choice(pending)
         mixed.append(source.pop(0))
+        if not source:
+            pending.remove(source)
     return mixed
 
 
 write = st.tuples(
-    st.sampled_from(["a", "b"]), st.integers(0, 3), st.integers(0, 2), st.integers(0, 3),
+    st.sampled_from(REGIONS), st.integers(0, 3), st.integers(0, 2), st.integers(0, 3),
     st.sampled_from(["upsert", "upsert", "delete"]),
 )  # fmt: skip
 """(region, id, content, ts step, op)."""
@@ -79,7 +92,7 @@ write = st.tuples(
 def _logs(
     spec: list[tuple[str, int, int, int, str]], start: int, seq: int
 ) -> dict[str, list[Entry]]:
-    logs: dict[str, list[Entry]] = {"a": [], "b": []}
+    logs: dict[str, list[Entry]] = {r: [] for r in REGIONS}
     ts = start
     for n, (region, row, content, step, op) in enumerate(spec):
         ts += step
@@ -108,7 +121,7 @@ def test_pruning_settled_heads_changes_no_row_now_or_later(  # type: ignore[no-u
     assert pruned.rows == rows_before
     pruned.apply(_interleave(new, rng))
     # the other copy never prunes, and sees both logs in another order
-    kept.apply(_interleave({r: old[r] + new[r] for r in ("a", "b")}, rng))
+    kept.apply(_interleave({r: old[r] + new[r] for r in REGIONS}, rng))
     assert pruned.rows == kept.rows
     # a copy pruned again at the end holds the same rows and fewer (or as many) heads
     heads = sum(len(h) for h in kept.heads.values())
@@ -157,3 +170,31 @@ def test_a_delete_that_finds_no_heads_deletes_the_row_left_behind() -> None:
     changed = fold_heads([gone], {})
     plan = build_row_plan(changed, {}, {}, SALT, "varchar", 5)
     assert plan.deletes == ["x"] and not plan.upserts
+
+
+def test_an_upsert_another_region_deleted_is_no_conflict_when_that_region_writes_again() -> None:
+    """a writes c1 and b deletes the id at the same ts_ms (b wins); b writes c0 a minute later.
+    a's c1 is dead: no conflict, whichever batches the copy applied the writes in (it used to be
+    re-mapped by a copy that saw everything at once and to stop the others: content gone)."""
+    writes = [_entry("a", 0, "x", 1000, 1, "upsert"), _entry("b", 1, "x", 1000, 0, "delete")]
+    later = _entry("b", 2, "x", 61_000, 0, "upsert")
+    for window in (None, 100):
+        apart, together = _Copy(window), _Copy(window)
+        apart.apply(writes)
+        apart.apply([later])
+        together.apply([writes[1], later, writes[0]])  # b's log in its order, a's write last
+        assert apart.rows == together.rows == {"x": (later.checksum, 61_000, "b")}
+        heads = together.heads["x"]
+        assert heads["b"].tombstone_ms == 1000 and heads["b"].supersedes(heads["a"])
+        assert build_desired("x", heads, SALT, "varchar", window).conflicts == ()
+        assert prune_settled(heads, 70_000, window) == ({} if window else {"b": heads["b"]})
+
+
+def test_heads_keep_their_tombstone_in_redis_form() -> None:
+    """The stored JSON carries a tombstone once the region deleted the id; older records have
+    none and read as -1."""
+    heads = {"a": Head("a", "1-0", 1, "upsert", "c", 7), "b": _head("b", 2)}
+    raw = _format_heads(heads)
+    assert _parse_heads(raw) == heads
+    assert [h.tombstone_ms for h in _parse_heads(raw).values()] == [7, -1]
+    assert _parse_heads('{"a":["1-0",1,"upsert","c"]}')["a"].tombstone_ms == -1
