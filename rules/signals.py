@@ -24,7 +24,12 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 from redline.slo import catalog
-from redline.slo.sources import ResolvedSources, SourceProfileError, SourceSeries
+from redline.slo.sources import (
+    SATURATION_KINDS,
+    ResolvedSources,
+    SourceProfileError,
+    SourceSeries,
+)
 from redline.slo.spec import Spec
 
 Fn = Literal["rate", "increase"]
@@ -217,6 +222,27 @@ def aggregate(
     return f"sum{_by(by)} (\n{indent(expr)}\n)"
 
 
+def saturation(
+    spec: Spec, signal: str, by: Sequence[str], window: str, op: Literal["sum", "max"] = "sum"
+) -> str | None:
+    """PromQL reading the engine's saturation `signal` (`SATURATION_KINDS`) by catalog labels
+    `by`, mapped from the engine's inside the aggregation: a gauge's `op`, a counter's summed
+    rate, a histogram's bucket rates by `le` as well. None where the profile has no such series."""
+    resolved = spec.sources.resolve()
+    found = resolved.profile.saturation.get(signal)
+    if found is None:
+        return None
+    kind = SATURATION_KINDS[signal]
+    keep = [*by, "le"] if kind == "histogram" else list(by)
+    if kind == "gauge":
+        terms = "\nor\n".join(found.selector(name) for name in found.names)
+    else:
+        suffix = "_bucket" if kind == "histogram" else ""
+        terms = _terms(found, suffix, "rate", window, (), tagged=len(found.names) > 1)
+        op = "sum"
+    return f"{op}{_by(keep)} (\n{indent(_mapped(resolved, terms, keep))}\n)"
+
+
 def raw_series(spec: Spec, signal: str, suffix: str = "") -> str:
     """A selector of the signal's first raw series (for `absent()` and `label_values()`)."""
     found = _found(spec.sources.resolve(), signal)
@@ -235,4 +261,5 @@ __all__ = [
     "label_replace",
     "quote",
     "raw_series",
+    "saturation",
 ]

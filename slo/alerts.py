@@ -67,6 +67,12 @@ class Alert(StrEnum):
         ("page",),
         "too few requests for a P99, but enough of them slower than the latency red line",
     )
+    ENGINE_SATURATION_RISING = (
+        "EngineSaturationRising",
+        ("ticket",),
+        "the engine saturates (queue growing, waits eating the latency budget, a full KV cache "
+        "preempting) before the P99 breaches",
+    )
     RED_LINE_CONTEXT_KEEPALIVE = (
         "RedLineContextKeepalive",
         ("critical",),

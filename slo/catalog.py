@@ -943,6 +943,24 @@ def spot_notice_to_draining_record(window: str) -> str:
     return f"redline:{LLM_SPOT_NOTICE_TO_DRAINING_SECONDS}:p95_{window}"
 
 
+ENGINE_QUEUE_RECORD = "redline:engine_queue:sum"
+"""Requests waiting in the engines of each region (the profile's queue gauge, summed)."""
+ENGINE_RUNNING_RECORD = "redline:engine_running:sum"
+"""Requests running (in the batch) in the engines of each region."""
+ENGINE_KV_CACHE_RECORD = "redline:engine_kv_cache_usage:max"
+"""The fullest KV cache (0-1) of each region's engines."""
+
+
+def engine_queue_time_record(window: str) -> str:
+    """P99 of the time requests waited in the engine's queue, by region, over `window`."""
+    return f"redline:engine_queue_time_seconds:p99_{window}"
+
+
+def engine_preemptions_record(window: str) -> str:
+    """Preemptions (vLLM) or retractions (SGLang) per second by region over `window`."""
+    return f"redline:engine_preemptions:rate{window}"
+
+
 GPU_XID_LAST_RECORD = "redline:gpu_xid:last"
 """dcgm-exporter's last XID per GPU (node, gpu, UUID, modelName), the node taken from the spec's
 `gpu.dcgm_node_label`: one series per GPU whatever pod holds it."""

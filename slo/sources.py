@@ -27,6 +27,7 @@ from itertools import accumulate, repeat
 from typing import Literal, get_args
 
 from redline.slo import catalog
+from redline.slo.alerts import Alert
 
 ProfileName = Literal["redline-gateway", "vllm", "sglang", "tgi", "nim", "otel-genai"]
 PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
@@ -40,6 +41,19 @@ SignalName = Literal[
     "time_to_first_token",
 ]
 SIGNAL_NAMES: tuple[str, ...] = get_args(SignalName)
+
+SaturationName = Literal["queue", "running", "queue_time", "kv_cache", "preemptions"]
+"""An engine's saturation signals, the leading indicators of a latency breach: requests waiting,
+requests running (the batch), time spent waiting, KV-cache usage (0-1), preemptions."""
+SATURATION_NAMES: tuple[str, ...] = get_args(SaturationName)
+SATURATION_KINDS: Mapping[str, Literal["gauge", "histogram", "counter"]] = {
+    "queue": "gauge",
+    "running": "gauge",
+    "queue_time": "histogram",
+    "kv_cache": "gauge",
+    "preemptions": "counter",
+}
+"""How the rules read each saturation signal."""
 
 MAPPABLE_LABELS = ("region", "model", "model_version", "status")
 """Catalog labels an engine profile can take from one of the engine's labels."""
@@ -117,6 +131,8 @@ class SourceProfile:
     """True only where the latency is measured end to end around cross-region reroutes."""
     missing: Mapping[str, str] = field(default_factory=dict)
     """Capability -> why this stack cannot provide it (printed by `redline validate`)."""
+    saturation: Mapping[str, SourceSeries] = field(default_factory=dict)
+    """Saturation signal -> the engine's series (`SATURATION_KINDS`); none for the gateway."""
 
     @property
     def mirrored(self) -> bool:
@@ -238,6 +254,15 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "the LoRA adapter (vllm:lora_requests_info only lists running/waiting adapter "
                 "names): the version joined is the registry's active one for that name",
             },
+            saturation={
+                # vLLM 0.33.0 vllm/v1/metrics/loggers.py, PrometheusStatLogger: the scheduler's
+                # gauges per engine (multiprocess_mode mostrecent), recorded every step.
+                "queue": SourceSeries(("vllm:num_requests_waiting",)),
+                "running": SourceSeries(("vllm:num_requests_running",)),
+                "queue_time": SourceSeries(("vllm:request_queue_time_seconds",)),
+                "kv_cache": SourceSeries(("vllm:kv_cache_usage_perc",)),
+                "preemptions": SourceSeries(("vllm:num_preemptions_total",)),
+            },
         ),
         SourceProfile(
             "sglang",
@@ -279,6 +304,15 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "stream_failures": "a request that fails after its stream's 200 is counted as "
                 "a 200 by the middleware, and SGLang labels no finished request with its "
                 "finish reason: put redline's gateway in the path to count it",
+            },
+            saturation={
+                # SGLang 0.5.23 srt/observability/metrics_collector.py, SchedulerMetricsCollector
+                # (retracted requests: KV-cache pressure sends running requests back to the queue).
+                "queue": SourceSeries(("sglang:num_queue_reqs",)),
+                "running": SourceSeries(("sglang:num_running_reqs",)),
+                "queue_time": SourceSeries(("sglang:queue_time_seconds",)),
+                "kv_cache": SourceSeries(("sglang:token_usage",)),
+                "preemptions": SourceSeries(("sglang:num_retracted_requests_total",)),
             },
         ),
         SourceProfile(
@@ -325,6 +359,16 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "exact_latency_thresholds": "TGI's exponential buckets (0.0001 s x 1.5^i, "
                 "i = 1..35) hold no round thresholds: slow requests are counted at the nearest "
                 "bucket below",
+                "kv_cache_saturation": "TGI publishes neither its KV-cache (block) usage nor "
+                "preemptions: its saturation is read from the queue alone",
+            },
+            saturation={
+                # TGI 3.3 backends/v3/src/queue.rs (tgi_queue_size, set after every next_batch)
+                # and backends/v3/src/backend.rs (tgi_batch_current_size); the router records
+                # tgi_request_queue_duration when a generation ends (router/src/server.rs).
+                "queue": SourceSeries(("tgi_queue_size",)),
+                "running": SourceSeries(("tgi_batch_current_size",)),
+                "queue_time": SourceSeries(("tgi_request_queue_duration",)),
             },
         ),
         SourceProfile(
@@ -354,6 +398,13 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "(or sglang) profile there, with a scrape path of /v1/metrics",
                 "documented_bucket_bounds": "NIM 1.x documents no bucket bounds: vLLM's are "
                 "assumed; set sources.histogram_buckets to the le values your NIM exposes",
+                "queue_time_and_preemptions": "NIM 1.x documents its queue and KV-cache gauges "
+                "only: the saturation warning reads those two",
+            },
+            saturation={
+                "queue": SourceSeries(("num_requests_waiting",)),
+                "running": SourceSeries(("num_requests_running",)),
+                "kv_cache": SourceSeries(("gpu_cache_usage_perc",)),
             },
         ),
         SourceProfile(
@@ -403,6 +454,8 @@ PROFILES: Mapping[str, SourceProfile] = {
                 "with no token usage, and a failure later in the stream carries no error.type; "
                 "streamed calls read fast, successful and tokenless: put redline's gateway in "
                 "the path to measure them",
+                "saturation": "a client-side convention: no queue, batch or KV-cache signal "
+                "of the server, so no saturation warning",
             },
         ),
     )
@@ -590,6 +643,18 @@ def render_profiles_markdown() -> str:
         cells = [f"`{profile.name}`"]
         cells += [_series_cell(profile.series.get(signal)) for signal in SIGNAL_NAMES]
         cells.append(_labels_cell(profile))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Saturation signals (`{Alert.ENGINE_SATURATION_RISING}`, a ticket before the latency "
+        "red line; redline's gateway sees no engine queue):",
+        "",
+        "| profile | " + " | ".join(name.replace("_", " ") for name in SATURATION_NAMES) + " |",
+        "|---|" + "---|" * len(SATURATION_NAMES),
+    ]
+    for profile in PROFILES.values():
+        cells = [f"`{profile.name}`"]
+        cells += [_series_cell(profile.saturation.get(name)) for name in SATURATION_NAMES]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Not available, per profile:", ""]
     for profile in PROFILES.values():

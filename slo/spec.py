@@ -126,6 +126,29 @@ GroupBy = Annotated[tuple[GroupLabel, ...], AfterValidator(distinct_labels)]
 RedLineGroupBy = Annotated[tuple[RedLineGroupLabel, ...], AfterValidator(distinct_labels)]
 
 
+class SaturationWarning(_Model):
+    """The engine's saturation as a leading indicator of a latency breach (engine profiles
+    only: redline's gateway sees no engine queue)."""
+
+    window: Duration = Field(
+        "2m",
+        description="The queue must hold requests at every sample of this window and still "
+        "grow: arrivals outpace the engine, so waiting (and latency) grows without bound.",
+    )
+    queue_time_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Or the P99 time spent waiting exceeds this share of the latency red line.",
+    )
+    kv_cache_usage: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="Or the KV cache is this full while the engine preempts (recomputes) requests.",
+    )
+
+
 class LatencyRedLine(_Model):
     """End-to-end P99 latency measured at the gateway, including cross-region reroutes."""
 
@@ -159,6 +182,11 @@ class LatencyRedLine(_Model):
     playbook: PlaybookName | None = Field("reroute", description="Playbook run on a breach.")
     restore: RestorePolicy = Field(
         default_factory=RestorePolicy, description="When the reroute hands the traffic back."
+    )
+    saturation: SaturationWarning = Field(
+        default_factory=SaturationWarning,
+        description=f"{alerts.Alert.ENGINE_SATURATION_RISING.value} (ticket): the engine "
+        "saturates before the P99 breaches.",
     )
 
 

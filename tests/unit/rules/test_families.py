@@ -69,8 +69,8 @@ def _stays_silent(cases: list[Case], alert: str) -> bool:
 
 def test_the_chain_is_every_family_in_order(spec: Spec) -> None:
     assert [f.name for f in FAMILIES] == [
-        "sources", "recordings", "red_lines", "rpo", "rollback", "mutation", "slo", "drift",
-        "spot", "breakers", "quotas", "gpu", "remediation", "guards",
+        "sources", "recordings", "red_lines", "saturation", "rpo", "rollback", "mutation", "slo",
+        "drift", "spot", "breakers", "quotas", "gpu", "remediation", "guards",
     ]  # fmt: skip
     groups = build_rule_groups(spec)
     assert groups == [g for f in FAMILIES for g in f.build_rules(spec)]
@@ -81,9 +81,14 @@ def test_the_chain_is_every_family_in_order(spec: Spec) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
 def test_every_family_builds_rules(spec: Spec, family: Family) -> None:
-    # The source mirror is empty where every signal is read as it is (redline's gateway).
-    mirrored = spec.sources.resolve().mirrored
-    assert family.build_rules(spec) or (family.name == "sources" and not mirrored)
+    # The source mirror is empty where every signal is read as it is (redline's gateway), the
+    # saturation family where the source has no engine queue (the gateway, OpenTelemetry).
+    resolved = spec.sources.resolve()
+    assert (
+        family.build_rules(spec)
+        or (family.name == "sources" and not resolved.mirrored)
+        or (family.name == "saturation" and not resolved.profile.saturation)
+    )
     assert all(group.rules for group in family.build_rules(spec))
 
 

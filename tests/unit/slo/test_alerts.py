@@ -11,7 +11,7 @@ from redline.rules.build import build_rule_groups
 from redline.rules.model import AlertRule
 from redline.slo.alerts import ERROR_BUDGET_BURN, Alert, alert_names, render_alerts_markdown
 from redline.slo.load import load_spec
-from redline.slo.spec import Spec
+from redline.slo.spec import Sources, Spec
 from tests.unit.slo.test_catalog import ROOT, _literal_uses
 
 PRODUCT = ("slo", "rules", "dashboards", "exporters", "remediation", "redline")
@@ -47,7 +47,8 @@ def _variants() -> list[Spec]:
     grouped = spec.model_copy(
         update={"slos": tuple(s.model_copy(update={"group_by": ("model",)}) for s in spec.slos)}
     )
-    return [spec, mutation, grouped]
+    engine = spec.model_copy(update={"sources": Sources(profile="vllm")})
+    return [spec, mutation, grouped, engine]
 
 
 def _alerts(spec: Spec) -> list[AlertRule]:
@@ -60,7 +61,7 @@ def test_the_rules_raise_every_catalog_alert_and_no_other() -> None:
     assert raised == alert_names() | burn
 
 
-@pytest.mark.parametrize("spec", _variants(), ids=["default", "on-mutation", "grouped"])
+@pytest.mark.parametrize("spec", _variants(), ids=["default", "on-mutation", "grouped", "vllm"])
 def test_each_alert_fires_with_a_severity_and_playbook_the_catalog_names(spec: Spec) -> None:
     for rule in _alerts(spec):
         severity = rule.labels["severity"]
