@@ -79,6 +79,11 @@ SGLANG_E2E_BUCKETS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
     200.0, 400.0, 600.0, 1200.0, 1800.0, 2400.0,
 )  # fmt: skip
+SGLANG_QUEUE_TIME_BUCKETS = (
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0,
+    30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0,
+)  # fmt: skip
+"""SGLang 0.5.23's sglang:queue_time_seconds buckets (SchedulerMetricsCollector)."""
 SGLANG_TTFT_BUCKETS = (
     0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0,
     200.0, 400.0,
@@ -118,6 +123,8 @@ class Request:
     completion_tokens: int
     ttft: float
     streamed: bool = False
+    queue_seconds: float | None = None
+    """How long it waited for the running batch (None: not measured, a few ms are recorded)."""
 
     @property
     def ok(self) -> bool:
@@ -133,6 +140,11 @@ class Request:
     def per_token(self) -> float:
         """Mean time per output token after the first."""
         return max(self.latency - self.ttft, 0.0) / max(self.completion_tokens - 1, 1)
+
+    @property
+    def queued(self) -> float:
+        """Its time in the engine's waiting queue."""
+        return min(0.01, self.latency) if self.queue_seconds is None else self.queue_seconds
 
 
 def _names(profile: SourceProfile, signal: str) -> tuple[str, ...]:
@@ -225,6 +237,10 @@ class _Engine:
         """Count `count` identical requests."""
         raise NotImplementedError
 
+    def saturation(self, waiting: int, running: int, usage: float | None) -> None:
+        """Set the scheduler's gauges: requests waiting and running, KV-cache usage (None:
+        left as it is). An engine without such gauges (OpenTelemetry's client) ignores it."""
+
     def fix_text(self, text: str) -> str:
         """The exposition as the engine writes it (prometheus-client's text, unless overridden)."""
         return text
@@ -316,6 +332,13 @@ class _Vllm(_Engine):
         self._setup_api_server()
         self.kv_cache.set(0.05)
 
+    def saturation(self, waiting: int, running: int, usage: float | None) -> None:
+        """The scheduler's gauges (PrometheusStatLogger.record, every engine step)."""
+        self.waiting.set(waiting)
+        self.running.set(running)
+        if usage is not None:
+            self.kv_cache.set(usage)
+
     def _setup_api_server(self) -> None:
         # prometheus-fastapi-instrumentator's default metrics, on vLLM's registry. It creates a
         # status series at its first request (no zero before it), so a burst of 5xx on a fresh
@@ -351,7 +374,7 @@ class _Vllm(_Engine):
             return
         self.finished["stop" if request.ok else "error"].inc(count)
         _observe(self.e2e, request.latency, count)
-        _observe(self.queue, min(0.01, request.latency), count)
+        _observe(self.queue, request.queued, count)
         if request.ok:
             _observe(self.ttft, request.ttft, count)
             _observe(self.itl, request.per_token, count)
@@ -435,6 +458,21 @@ class _Sglang(_Engine):
         )
         self.token_usage = self.bound_gauge("sglang:token_usage", "The token usage.")
         self.token_usage.set(0.05)
+        self.queue_time = self.bound_histogram(
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            SGLANG_QUEUE_TIME_BUCKETS,
+        )
+        self.retracted = self.bound_counter(
+            "sglang:num_retracted_requests", "Total number of retracted requests."
+        )
+
+    def saturation(self, waiting: int, running: int, usage: float | None) -> None:
+        """The scheduler's gauges (SchedulerMetricsCollector.log_stats)."""
+        self.queued.set(waiting)
+        self.running.set(running)
+        if usage is not None:
+            self.token_usage.set(usage)
 
     def record(self, request: Request, count: int) -> None:
         """The middleware counts every answer when it starts (a stream's at its 200); the
@@ -449,6 +487,7 @@ class _Sglang(_Engine):
             return  # rejected by the tokenizer manager before it was scheduled
         self.requests.inc(count)
         _observe(self.e2e, request.latency, count)
+        _observe(self.queue_time, request.queued, count)
         if not request.ok:
             self.aborted.inc(count)
             return
@@ -562,6 +601,11 @@ class _Tgi(_Engine):
         for name in (self.count_name, self.success_name):
             self.counters.inc(name, 0.0, labels)
 
+    def saturation(self, waiting: int, running: int, usage: float | None) -> None:
+        """tgi_queue_size (the queue task) and tgi_batch_current_size (the batching task)."""
+        for gauge, value in ((self.queue_size, waiting), (self.batch_size, running)):
+            (gauge.labels(**self.labels) if self.labels else gauge).set(value)
+
     def record(self, request: Request, count: int) -> None:
         """A chat request is two tgi_request_count (chat_completions, then generate_internal
         or generate_stream_internal); it ends once, a success or a failure by kind."""
@@ -577,7 +621,7 @@ class _Tgi(_Engine):
         for histogram, value in (
             (self.total, request.latency),
             (self.validation, 0.001),
-            (self.queue, min(0.01, request.latency)),
+            (self.queue, request.queued),
             (self.inference, max(request.latency - 0.011, 0.0)),
             (self.per_token, request.per_token),
             (self.input_length, float(request.prompt_tokens)),
@@ -628,13 +672,24 @@ class _Nim(_Engine):
         self.generation_tokens = self.bound_counter(
             self.signal("generated_tokens"), "Number of generation tokens processed"
         )
-        for gauge_name, doc, value in (
-            ("num_requests_running", "Number of requests currently running on GPU", 0.0),
-            ("num_requests_waiting", "Number of requests waiting to be processed", 0.0),
-            ("num_request_max", "Max number of requests that can be run concurrently", 256.0),
-            ("gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage", 0.05),
-        ):
-            self.bound_gauge(gauge_name, doc).set(value)
+        self.gauges = {
+            gauge_name: self.bound_gauge(gauge_name, doc)
+            for gauge_name, doc in (
+                ("num_requests_running", "Number of requests currently running on GPU"),
+                ("num_requests_waiting", "Number of requests waiting to be processed"),
+                ("num_request_max", "Max number of requests that can be run concurrently"),
+                ("gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage"),
+            )
+        }
+        self.gauges["num_request_max"].set(256)
+        self.gauges["gpu_cache_usage_perc"].set(0.05)
+
+    def saturation(self, waiting: int, running: int, usage: float | None) -> None:
+        """NIM 1.x's scheduler gauges."""
+        self.gauges["num_requests_waiting"].set(waiting)
+        self.gauges["num_requests_running"].set(running)
+        if usage is not None:
+            self.gauges["gpu_cache_usage_perc"].set(usage)
 
     def record(self, request: Request, count: int) -> None:
         """Success is a finish by stop or length; any other finish is a failure."""
@@ -765,16 +820,26 @@ class EngineMetrics:
         ttft_seconds: float | None = None,
         count: int = 1,
         streamed: bool = False,
+        queue_seconds: float | None = None,
     ) -> None:
         """Record `count` identical requests (thousands at once are fine); `streamed`: answered
-        as a stream, whose 200 is sent before the engine finishes."""
+        as a stream, whose 200 is sent before the engine finishes; `queue_seconds`: the wait
+        for the running batch."""
         if count < 0 or latency_seconds < 0:
             raise ValueError("count and latency_seconds must not be negative")
         ttft = min(latency_seconds, 0.05) if ttft_seconds is None else ttft_seconds
-        request = Request(latency_seconds, status, prompt_tokens, completion_tokens, ttft, streamed)
+        request = Request(
+            latency_seconds, status, prompt_tokens, completion_tokens, ttft, streamed,
+            queue_seconds,
+        )  # fmt: skip
         with self._lock:
             self._engine.record(request, count)
             self.observed += count
+
+    def set_saturation(self, waiting: int, running: int, usage: float | None = None) -> None:
+        """The scheduler's gauges: requests waiting and running, KV-cache usage (0-1)."""
+        with self._lock:
+            self._engine.saturation(waiting, running, usage)
 
     def render(self) -> bytes:
         """The text exposition (format 0.0.4), as the engine writes it."""

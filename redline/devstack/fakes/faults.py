@@ -69,6 +69,14 @@ class Faults(_Strict):
     tokens_per_second: float | None = Field(
         None, gt=0, le=1_000_000, description="Generation speed; None generates instantly."
     )
+    max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="The running batch's limit (vLLM's --max-num-seqs): a request beyond it "
+        "waits, first come first served, and the engine's queue gauges and queue-time "
+        "histogram show it; None: unlimited.",
+    )
     versions: dict[str, VersionFaults] = Field(
         default_factory=dict, description="Faults per model version (x-redline-model-version)."
     )

@@ -66,6 +66,7 @@ from pydantic import Field, field_validator
 from redline.core.servers import ServerThread as ServerThread
 from redline.core.servers import serve_in_thread as serve_in_thread
 from redline.core.settings import ServiceSettings
+from redline.devstack.fakes.batch import Batch
 from redline.devstack.fakes.engines import ENGINE_PROFILES
 from redline.devstack.fakes.faults import VERSION, Faults, VersionFaults
 from redline.devstack.fakes.lora import AdapterError, ServedModel, load_adapter
@@ -160,6 +161,15 @@ class SimulatorState:
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     loaded_at: float = 0.0
     engine: EngineExposition | None = None
+    batch: Batch = field(default_factory=Batch)
+
+    def __post_init__(self) -> None:
+        self.batch.on_change = self._batch_changed
+        self.batch.set_limit(self.faults.max_concurrency)
+
+    def _batch_changed(self, waiting: int, running: int, limit: int | None) -> None:
+        if self.engine is not None:
+            self.engine.set_saturation(self.base.name, waiting, running, limit)
 
     def loaded(self) -> bool:
         """True once the model has finished loading."""
@@ -339,6 +349,7 @@ def _add_admin_routes(app: FastAPI, state: SimulatorState) -> None:
     @app.post("/admin/faults")
     async def set_faults(faults: Faults) -> Faults:
         state.faults = faults
+        state.batch.set_limit(faults.max_concurrency)
         return state.faults
 
     @app.get("/admin/stats")
@@ -407,8 +418,28 @@ async def _complete(state: SimulatorState, request: Request, seen: ChatSeen) -> 
         )
     # The knobs as they were at arrival: a POST to /admin/faults mid-request does not change it.
     faults = state.faults
-    version_faults = state.version_faults(served.version)
     dry_run = request.query_params.get("dry-run", "").lower() in ("1", "true", "yes")
+    if dry_run:  # a health probe of this simulator: not scheduled
+        return await _serve(state, parsed, served, request, seen, faults, max_tokens, dry_run)
+    async with state.batch.slot() as waited:
+        seen.queue_seconds = waited
+        return await _serve(state, parsed, served, request, seen, faults, max_tokens, dry_run)
+
+
+async def _serve(
+    state: SimulatorState,
+    parsed: ChatRequest,
+    served: ServedModel,
+    request: Request,
+    seen: ChatSeen,
+    faults: Faults,
+    max_tokens: int,
+    dry_run: bool,
+) -> Response:
+    """Serve a checked request: its faults, then a dry run's answer or the completion (a
+    stream's slot of the batch ends when its response starts)."""
+    settings = state.settings
+    version_faults = state.version_faults(served.version)
     injected = await _inject_faults(state, faults, version_faults, dry_run)
     if injected is not None:
         return injected

@@ -92,9 +92,11 @@ class EngineExposition:
         completion_tokens: int = 0,
         ttft: float | None = None,
         streamed: bool = False,
+        queue_seconds: float | None = None,
     ) -> None:
         """Record one request the engine answered (`status` as the client saw it; 499: the
-        client went away mid-stream; `streamed`: a stream, whose 200 went out first)."""
+        client went away mid-stream; `streamed`: a stream, whose 200 went out first;
+        `queue_seconds`: its wait for the running batch)."""
         self.add_model(model).observe(
             max(latency, 0.0),
             status=status,
@@ -102,7 +104,14 @@ class EngineExposition:
             completion_tokens=completion_tokens,
             ttft_seconds=None if ttft is None else min(max(ttft, 0.0), max(latency, 0.0)),
             streamed=streamed,
+            queue_seconds=queue_seconds,
         )
+
+    def set_saturation(self, model: str, waiting: int, running: int, limit: int | None) -> None:
+        """The scheduler's gauges, on the base `model`'s series (one scheduler serves every
+        adapter): the KV cache filled in proportion to the batch when it has a limit."""
+        usage = None if not limit else min(running / limit, 1.0)
+        self.add_model(model).set_saturation(waiting, running, usage)
 
     def render(self) -> bytes:
         """The text exposition (format 0.0.4)."""
@@ -124,6 +133,7 @@ class ChatSeen:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
+    queue_seconds: float | None = None
 
     def record(self, engine: EngineExposition, status: int) -> None:
         """Count the request, its latency measured until now."""
@@ -137,6 +147,7 @@ class ChatSeen:
             self.completion_tokens,
             None if first is None else first - self.started,
             self.streaming,
+            self.queue_seconds,
         )
 
 

@@ -15,7 +15,7 @@ from redline.devstack.fakes.engines import (
     EngineProfileError,
 )
 from redline.devstack.fakes.metrics_server import EngineMetricsServer
-from redline.slo.sources import PROFILES, SIGNAL_KINDS
+from redline.slo.sources import PROFILES, SATURATION_KINDS, SIGNAL_KINDS
 
 Labels = dict[str, str]
 Sample = tuple[str, Labels, float]
@@ -254,3 +254,20 @@ def test_otel_records_a_streamed_call_when_it_hands_the_stream_back() -> None:
     assert _total(samples, "errors", "otel-genai") == 0
     assert _total(samples, "requests", "otel-genai") == 3
     assert _total(samples, "generated_tokens", "otel-genai") == 0
+
+
+@pytest.mark.parametrize("profile", ENGINE_PROFILES)
+def test_every_saturation_series_is_exposed_and_follows_the_scheduler(profile: str) -> None:
+    """Each saturation series the profile names is in the fake's exposition, and the
+    scheduler's gauges move with what it is told (waiting, running, KV-cache usage)."""
+    metrics = _traffic(profile)
+    metrics.set_saturation(7, 3, 0.75)
+    samples = _samples(metrics.render().decode())
+    for signal, series in PROFILES[profile].saturation.items():
+        kind = SATURATION_KINDS[signal]
+        name = series.names[0] + ("_count" if kind == "histogram" else "")
+        values = [value for _, _, value in _select(samples, name, series.matchers)]
+        assert values, f"{profile}: {signal} needs {name}"
+        expected = {"queue": 7.0, "running": 3.0, "kv_cache": 0.75}.get(signal)
+        if expected is not None:
+            assert values == [expected], (profile, signal, values)
