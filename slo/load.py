@@ -389,6 +389,14 @@ def apply_profile(spec: Spec, profile: str | None) -> Spec:
             update={"latency_p99": red.latency_p99.model_copy(update={"window": window})}
         )
         update["red_lines"] = red
+    saturation_window = changes.get("saturation_window")
+    if saturation_window is not None:
+        latency = red.latency_p99
+        warning = latency.saturation.model_copy(update={"window": saturation_window})
+        red = red.model_copy(
+            update={"latency_p99": latency.model_copy(update={"saturation": warning})}
+        )
+        update["red_lines"] = red
     for_seconds = changes.get("red_line_for_seconds")
     if for_seconds is not None:
         update["red_lines"] = red.model_copy(

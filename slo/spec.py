@@ -499,6 +499,11 @@ class TimingOverride(_Model):
         description="Overrides `red_lines.latency_p99.window` (a short window lets a drill's "
         "P99 alert resolve in seconds once the slow requests leave it).",
     )
+    saturation_window: Duration | None = Field(
+        None,
+        description="Overrides `red_lines.latency_p99.saturation.window` (the saturation "
+        "drill's queue grows for minutes, not hours).",
+    )
     breaker_window: Duration | None = Field(
         None, description="Overrides `breakers.window` (the breaker drill opens in seconds)."
     )

@@ -9,6 +9,7 @@ from grafanalib.core import Dashboard, Target, TimeSeries
 from redline.dashboards.panels import (
     ANY_EVENT,
     DATASOURCE,
+    NO_THRESHOLD,
     AnnotationDef,
     DashboardDef,
     PanelDef,
@@ -25,6 +26,7 @@ from redline.dashboards.panels import (
     source_description,
     two_state_mapping,
 )
+from redline.rules.families.saturation import saturation_records
 from redline.rules.model import number
 from redline.rules.records import p99_record
 from redline.slo import catalog
@@ -159,6 +161,52 @@ def _breakers(spec: Spec) -> Section:
     )
 
 
+def _saturation(spec: Spec) -> Section | None:
+    """The engines' saturation by region, the leading indicators of the latency red line:
+    requests waiting and running, the P99 wait, the fullest KV cache, preemptions. None for a
+    source without them (redline's gateway)."""
+    records = saturation_records(spec)
+    if not records:
+        return None
+    red = spec.red_lines.latency_p99
+    warn = red.saturation
+    book = alert_runbook(spec, Alert.ENGINE_SATURATION_RISING)
+    matcher = f"{{{region_matcher()}}}"
+
+    def by_region(record: str) -> Query:
+        return Query(f"max by (region) ({record}{matcher})", "{{region}}")
+
+    wait_limit = warn.queue_time_share * red.threshold_seconds
+    candidates = (
+        (catalog.ENGINE_QUEUE_RECORD, "Requests waiting in the engines", "short", NO_THRESHOLD),
+        (catalog.ENGINE_RUNNING_RECORD, "Requests running (batch)", "short", NO_THRESHOLD),
+        (
+            catalog.engine_queue_time_record(red.window),
+            f"P99 wait in the queue (warns over {number(wait_limit)} s)",
+            "s",
+            bad_above(wait_limit),
+        ),
+        (
+            catalog.ENGINE_KV_CACHE_RECORD,
+            f"Fullest KV cache (warns at {warn.kv_cache_usage:.0%} while preempting)",
+            "percentunit",
+            bad_above(warn.kv_cache_usage),
+        ),
+        (
+            catalog.engine_preemptions_record(red.window),
+            "Preemptions per second",
+            "short",
+            bad_above(ANY_EVENT),
+        ),
+    )
+    panels = tuple(
+        PanelDef("timeseries", title, (by_region(record),), book, unit, steps, width=8)
+        for record, title, unit, steps in candidates
+        if record in records
+    )
+    return Section("Engine saturation (leading indicators)", panels)
+
+
 def _keepalive(spec: Spec) -> Section:
     keep = spec.red_lines.context_keepalive
     book = alert_runbook(spec, Alert.RED_LINE_CONTEXT_KEEPALIVE)
@@ -243,6 +291,7 @@ def build_red_lines_definition(spec: Spec) -> DashboardDef:
             _latency(spec),
             # Breakers live in redline's gateway: without it in the path there are none.
             *((_breakers(spec),) if spec.breakers.enabled and not reroute_left_out(spec) else ()),
+            *(section for section in (_saturation(spec),) if section is not None),
             _keepalive(spec),
             _index(spec),
         ),

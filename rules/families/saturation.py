@@ -45,8 +45,8 @@ def _window(spec: Spec) -> str:
     return spec.red_lines.latency_p99.window
 
 
-def _records(spec: Spec) -> dict[str, str]:
-    """Record name -> expression, for the signals the profile has."""
+def saturation_records(spec: Spec) -> dict[str, str]:
+    """Record name -> expression, for the saturation signals the spec's source has."""
     window = _window(spec)
     exprs = {
         catalog.ENGINE_QUEUE_RECORD: saturation(spec, "queue", BY, window),
@@ -67,7 +67,7 @@ def saturation_expr(spec: Spec) -> str | None:
     has none of them."""
     red = spec.red_lines.latency_p99
     warn = red.saturation
-    records = _records(spec)
+    records = saturation_records(spec)
     window = _window(spec)
     terms = []
     queue = catalog.ENGINE_QUEUE_RECORD
@@ -94,7 +94,7 @@ def build_rules(spec: Spec) -> list[RuleGroup]:
         return []
     red = spec.red_lines.latency_p99
     warn = red.saturation
-    records = [RecordingRule(name, expr) for name, expr in _records(spec).items()]
+    records = [RecordingRule(name, expr) for name, expr in saturation_records(spec).items()]
     alert = alert_rule(
         spec,
         Alert.ENGINE_SATURATION_RISING,
@@ -139,7 +139,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
         return []
     rule = alerts.get(Alert.ENGINE_SATURATION_RISING)
     red = spec.red_lines.latency_p99
-    records = _records(spec)
+    records = saturation_records(spec)
     window = int(parse_duration(red.saturation.window) // 60)  # samples are a minute apart
     steps = window + 12
     cases: list[Case] = []

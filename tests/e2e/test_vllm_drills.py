@@ -1,5 +1,5 @@
 """`redline up --source vllm`: the local stack with no gateway in the path, and the drills that
-must close there too (`latency`, `regression`, `regression-negative`).
+must close there too (`latency`, `regression`, `regression-negative`, `saturation`).
 
 The simulators publish vLLM's exposition, Prometheus scrapes them with a `region` target label,
 the rules come from the spec with `sources: {profile: vllm}`, and versions come from the
@@ -39,7 +39,7 @@ ARTIFACT = Path(
     )
 )
 SOURCE = "vllm"
-DRILLS = ("latency", "regression", "regression-negative")
+DRILLS = ("latency", "regression", "regression-negative", "saturation")
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStac
 
 @pytest.fixture(scope="module")
 def drills(vllm_stack: RunningStack) -> dict[str, DrillResult]:
-    """Run the three drills once, in `redline drill all` order; write the artifact."""
+    """Run the four drills once, in this order; write the artifact."""
     state = load_running(vllm_stack.run_dir)
     started = time.monotonic()
 
@@ -176,7 +176,7 @@ def test_the_gate_rolls_the_regressed_version_back_and_stays_silent_on_latency_a
     assert checks[("regression-negative", "no rollback job")].ok
 
 
-@pytest.mark.parametrize("name", ["latency", "regression-negative"])
+@pytest.mark.parametrize("name", ["latency", "regression-negative", "saturation"])
 def test_users_see_no_failed_request(drills: dict[str, DrillResult], name: str) -> None:
     result = drills[name]
     assert result.failed_requests == 0, f"{result.failed_detail} {_explain(result)}"
@@ -197,7 +197,7 @@ def test_every_dashboard_panel_returns_data_from_the_vllm_stack(
 ) -> None:
     """The dashboards `redline up --source vllm` wrote read vLLM's own series through the rules'
     mirror: after the drills every panel query returns data from the stack's Prometheus (run by
-    `redline dashboards check`); only annotations of incidents these three drills do not cause
+    `redline dashboards check`); only annotations of incidents these four drills do not cause
     (RPO, staleness, burn rate) may find none. The spot board needs the spot fleet (checked in
     tests/integration), the quotas board the gateway stack's quota drill."""
     layout = StackLayout(vllm_stack.run_dir)
@@ -220,6 +220,6 @@ def test_every_dashboard_panel_returns_data_from_the_vllm_stack(
     assert check.returncode in (0, 1), check.stdout + check.stderr
     *lines, summary = check.stdout.strip().splitlines()
     # The keep-alive canary's first verdict comes `min_seconds` (300 s) after a canary session
-    # is written: this stack's three drills are over sooner (the gateway suite, longer, sees it).
+    # is written: this stack's four drills are over sooner (the gateway suite, longer, sees it).
     empty = [line for line in lines if not line.startswith("ok") and "annotation" not in line]
     assert [line for line in empty if "'Keep-alive canary'" not in line] == [], check.stdout

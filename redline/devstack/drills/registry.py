@@ -17,6 +17,7 @@ from redline.devstack.drills.partition import drill_partition
 from redline.devstack.drills.quota import drill_quota
 from redline.devstack.drills.redis_failover import drill_redis_failover
 from redline.devstack.drills.regression import drill_regression, drill_regression_negative
+from redline.devstack.drills.saturation import drill_saturation
 from redline.devstack.drills.session_rpo import drill_session_rpo
 from redline.devstack.drills.spot.scenarios import SPOT_DRILL_ORDER
 from redline.devstack.drills.spot.stack import SPOT_DRILLS
@@ -47,9 +48,11 @@ are asked for by name. `mutation` (about 20 s) runs before the regressions, whil
 good version serves every region. `quota` (about 15 s) follows: its interactive P99 check wants
 no fault of another drill in the path."""
 
-BY_NAME_ONLY = ("redis-failover",)
+BY_NAME_ONLY = ("redis-failover", "saturation")
 """Drills `all` leaves out: `redis-failover` needs a Sentinel stack (`redline up --redis
-sentinel`; on the default stack it does not apply) and kills its Redis primary."""
+sentinel`; on the default stack it does not apply) and kills its Redis primary; `saturation`
+needs an engine stack (`redline up --source vllm`: the gateway sees no engine queue) and pauses
+the load generator for about three minutes."""
 
 DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER, *BY_NAME_ONLY)
 """Every drill a user may name (`all` aside)."""
@@ -68,6 +71,7 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "exporter-down": drill_exporter_down,
     "breaker": drill_breaker,
     "redis-failover": drill_redis_failover,
+    "saturation": drill_saturation,
     **SPOT_DRILLS,
 }
 """The explicit registry of drills, by name."""
