@@ -2,15 +2,18 @@
 on the primary until its engines queue; `EngineSaturationRising` (a ticket) must fire at least
 `MIN_LEAD_SECONDS` before `RedLineLatencyP99`.
 
-The primary's pods get a batch limit of one request each (`Faults.max_concurrency`, vLLM's
---max-num-seqs) and a 0.1 s service time, so the region serves about 20 requests/s. The load
-generator is paused, and the drill's own users arrive one more every `STEP_SECONDS`, each sending
-its next request as soon as the last one is answered (a closed loop): from the third user on the
-engines queue, and every new user adds one request to the queue and a service time's share to
-every request's wait, until the P99 crosses the red line. The warning fires once the queue has
-held requests for its whole window and still grows; the lead is the time from it to the red
-line's alert, both read from Prometheus' alerts. Then the users leave, the fault is removed, and
-both alerts must resolve before the load generator resumes.
+The primary's two pods get a batch limit of two requests each (`Faults.max_concurrency`, vLLM's
+--max-num-seqs) and a 0.1 s service time, so the region serves about 25 requests/s (HTTP's own
+cost included). The load generator is paused, and the drill's own users arrive one more every
+`STEP_SECONDS`, each sending its next request as soon as the last one is answered (a closed
+loop): past the four slots the engines queue, and every new user adds one request to the queue
+and a quarter of a service time to every request's wait, until the P99 crosses the red line
+(at about 18 users). The warning fires a window (20 s locally) after the queue stops emptying
+(at about 5 users), so the lead is about (18 - 5) steps less the window: 84 s at 8 s a step.
+Measured before: one slot per pod, 45 s; two slots at 6 s a step with a 30 s window, 52 s.
+The lead is the time from the warning to the red line's alert, both read from Prometheus'
+alerts. Then the users leave, the fault is removed, and both alerts must resolve before the
+load generator resumes.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from redline.slo.spec import parse_duration
 NAME = "saturation"
 SERVICE_SECONDS = 0.1
 """Each request's service time on the primary (a short answer's decode)."""
-BATCH = 1
+BATCH = 2
 """Requests each primary pod runs at once."""
 STEP_SECONDS = 8.0
 """One more user this often: the queue grows by about one request a step."""
-MAX_USERS = 40
-"""Users the ramp stops at (the red line breaks long before, at about 18)."""
+MAX_USERS = 60
+"""Users the ramp stops at (the red line breaks long before, at about 20)."""
 MIN_LEAD_SECONDS = 60.0
 """The warning's lead over the red line the drill requires (issue #26's target)."""
 
