@@ -162,6 +162,8 @@ def signal_exprs(spec: Spec, defn: SignalDef, step: int, recorded: bool = False)
             return gauge(catalog.SESSION_CDC_RPO_SECONDS.name)
         case "rpo_embedding_index":
             return gauge(catalog.VECTORDB_DELTA_LOG_OLDEST_PENDING_AGE_SECONDS.name)
+        case "engine_queue_time" | "engine_kv_cache":
+            return gauge(defn.series)
         case "drift":
             by = "max by (collection, method)"
             score, limit = catalog.EMBEDDING_DRIFT_SCORE, catalog.EMBEDDING_DRIFT_THRESHOLD

@@ -256,6 +256,8 @@ def build_signal_report(
         status = red_line_status(totals.measured, totals.over, fired > 0)
     else:
         status = limit_status(totals.measured > 0, totals.peak, threshold, defn.above_is_bad)
+        if defn.kind == "saturation" and status == "fail":
+            status = "warn"  # a leading indicator past its line warns; the red line fails
     message = None
     if totals.measured == 0:
         message = f"no samples of {defn.series} between {utc(window.start)} and {utc(window.end)}"
@@ -612,6 +614,7 @@ def build_report(
         red_lines=red_lines,
         rpos=[s for s in signals if s.kind == "rpo"],
         drift=[s for s in signals if s.kind == "drift"],
+        saturation=[s for s in signals if s.kind == "saturation"],
         incidents=current_incidents,
         remediation=remediation,
         remediation_jobs=jobs,

@@ -95,7 +95,7 @@ class SignalHour(_Out):
 
 
 class SignalReport(_Out):
-    """A red line, an RPO target or a drift score over the period."""
+    """A red line, an RPO target, a drift score or an engine's saturation over the period."""
 
     key: str
     kind: SignalKind
@@ -276,6 +276,11 @@ class Report(_Out):
     red_lines: list[SignalReport]
     rpos: list[SignalReport]
     drift: list[SignalReport]
+    saturation: list[SignalReport] = Field(
+        default_factory=list,
+        description="The engine's saturation (engine sources only): leading indicators of the "
+        "latency red line.",
+    )
     incidents: list[Incident]
     remediation: list[RemediationRow]
     remediation_jobs: list[RemediationJob] | None

@@ -10,12 +10,13 @@ from redline.slo.alerts import Alert
 from redline.slo.report.text import num
 from redline.slo.spec import Spec
 
-SignalKind = Literal["red_line", "rpo", "drift"]
+SignalKind = Literal["red_line", "rpo", "drift", "saturation"]
 
 
 @dataclass(frozen=True)
 class SignalDef:
-    """A thresholded signal of the spec: a red line, an RPO target, or embedding drift."""
+    """A thresholded signal of the spec: a red line, an RPO target, embedding drift, or an
+    engine's saturation (a leading indicator of the latency red line)."""
 
     key: str
     kind: SignalKind
@@ -72,8 +73,48 @@ def source_notes(spec: Spec) -> list[str]:
     return notes
 
 
+def saturation_defs(spec: Spec) -> list[SignalDef]:
+    """The engine's saturation signals with a line of their own (the warning's), where the
+    spec's source has them: the P99 wait in the queue and the fullest KV cache."""
+    lat = spec.red_lines.latency_p99
+    warn = lat.saturation
+    have = spec.sources.resolve().profile.saturation
+    wait = warn.queue_time_share * lat.threshold_seconds
+    alert = Alert.ENGINE_SATURATION_RISING
+    defs = []
+    if "queue_time" in have:
+        defs.append(
+            SignalDef(
+                "engine_queue_time",
+                "saturation",
+                f"Engine P99 wait in the queue ({lat.window})",
+                catalog.engine_queue_time_record(lat.window),
+                wait,
+                "s",
+                True,
+                alert,
+                f"P99 wait <= {num(wait)} s ({num(warn.queue_time_share * 100)} % of the red line)",
+            )
+        )
+    if "kv_cache" in have:
+        defs.append(
+            SignalDef(
+                "engine_kv_cache",
+                "saturation",
+                "Fullest engine KV cache",
+                catalog.ENGINE_KV_CACHE_RECORD,
+                warn.kv_cache_usage,
+                "",
+                True,
+                alert,
+                f"KV cache < {num(warn.kv_cache_usage * 100)} % full (warns while preempting)",
+            )
+        )
+    return defs
+
+
 def signal_defs(spec: Spec) -> list[SignalDef]:
-    """The red lines, RPO targets and drift of the spec, in report order."""
+    """The red lines, RPO targets, drift and engine saturation of the spec, in report order."""
     red, rpo = spec.red_lines, spec.rpo
     lat = red.latency_p99
     quantile = f"P{num(lat.quantile * 100)}"
@@ -156,4 +197,5 @@ def signal_defs(spec: Spec) -> list[SignalDef]:
             Alert.EMBEDDING_DRIFT,
             f"{spec.drift.method} score <= calibrated threshold",
         ),
+        *saturation_defs(spec),
     ]

@@ -160,5 +160,8 @@ def build_charts(report: Report) -> dict[str, Chart]:
     """Every chart of the report by id (sections look theirs up)."""
     charts: list[Chart | None] = [budget_chart(report)]
     charts += [burn_chart(slo) for slo in report.slos]
-    charts += [signal_chart(sig) for sig in [*report.red_lines, *report.rpos, *report.drift]]
+    charts += [
+        signal_chart(sig)
+        for sig in [*report.red_lines, *report.rpos, *report.drift, *report.saturation]
+    ]
     return {c.id: c for c in charts if c is not None}

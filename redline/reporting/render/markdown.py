@@ -47,6 +47,7 @@ def render_markdown(report: Report) -> str:
         _red_lines(report),
         _rpos(report),
         _drift(report),
+        *([_saturation(report)] if report.saturation else []),
         _incidents(report),
         _remediation(report),
         _calendar(report),
@@ -178,6 +179,23 @@ def _rpos(report: Report) -> list[str]:
                 str(sig.incidents),
             ]
             for sig in report.rpos
+        ],
+    )
+
+
+def _saturation(report: Report) -> list[str]:
+    return ["## Engine saturation (leading indicators)", ""] + table(
+        ["signal", "warns over", "status", "peak", "peak hour", "time over"],
+        [
+            [
+                signal_label(sig),
+                f.measure(sig.threshold, sig.unit),
+                f.status(sig.status),
+                f.measure(sig.peak, sig.unit),
+                f.when(sig.peak_hour),
+                f.duration(sig.seconds_over),
+            ]
+            for sig in report.saturation
         ],
     )
 

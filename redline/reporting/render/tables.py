@@ -90,12 +90,13 @@ def _signal_row(s: SignalReport) -> list[CellValue]:
 
 def render_csv_tables(report: Report) -> dict[str, str]:
     """File name -> CSV text of each table of the report."""
-    signals = [*report.red_lines, *report.rpos, *report.drift]
+    signals = [*report.red_lines, *report.rpos, *report.drift, *report.saturation]
     tables = {
         "slos.csv": _csv(SLO_COLUMNS, _slo_rows(report)),
         "red_lines.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.red_lines]),
         "rpos.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.rpos]),
         "drift.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.drift]),
+        "saturation.csv": _csv(SIGNAL_COLUMNS, [_signal_row(s) for s in report.saturation]),
         "incidents.csv": _csv(INCIDENT_COLUMNS, _incident_rows(report)),
         "remediation.csv": _csv(
             REMEDIATION_COLUMNS,

@@ -376,7 +376,8 @@ def test_same_numbers_in_every_format(prometheus: Service, tmp_path: Path) -> No
         incidents = list(csv.DictReader(handle))
     assert [r["alert"] for r in incidents] == [i.alert for i in report.incidents]
     expected_tables = {
-        "slos.csv", "red_lines.csv", "rpos.csv", "drift.csv", "incidents.csv", "remediation.csv",
+        "slos.csv", "red_lines.csv", "rpos.csv", "drift.csv", "saturation.csv", "incidents.csv",
+        "remediation.csv",
         "remediation_actions.csv", "remediation_guards.csv", "calendar.csv", "deltas.csv",
         "maturity.csv", "slo_hourly.csv", "signal_hourly.csv",
     }  # fmt: skip

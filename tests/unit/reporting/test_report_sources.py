@@ -4,6 +4,7 @@ series), never the gateway's raw series where the profile maps them."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 
@@ -12,13 +13,18 @@ import pytest
 from redline.devstack.samples.dashboards import profile_spec
 from redline.reporting.queries import (
     latency_exprs,
+    signal_exprs,
     slo_hourly_query,
     slo_total_expr,
 )
+from redline.reporting.render.charts import build_charts
+from redline.reporting.render.html import render_html
+from redline.reporting.render.markdown import render_markdown
+from redline.reporting.render.tables import render_csv_tables, render_json
 from redline.rules.records import request_duration
 from redline.slo import catalog
 from redline.slo.load import load_spec
-from redline.slo.report import ReportInput, SloSeries, Window, build_report
+from redline.slo.report import ReportInput, SignalSeries, SloSeries, Window, build_report
 from redline.slo.report.signals import signal_defs, source_notes
 from redline.slo.sources import CANONICAL, PROFILES
 from redline.slo.spec import Spec
@@ -138,3 +144,60 @@ def test_the_gateway_report_reads_the_gateways_series() -> None:
     spec = _spec("redline-gateway")
     raw = latency_exprs(spec, 60, recorded=False)
     assert f"{catalog.LLM_REQUEST_DURATION_SECONDS.bucket}{{le=" in raw.flag
+
+
+@pytest.mark.parametrize(
+    ("profile", "keys"),
+    [
+        ("redline-gateway", []),
+        ("vllm", ["engine_queue_time", "engine_kv_cache"]),
+        ("sglang", ["engine_queue_time", "engine_kv_cache"]),
+        ("tgi", ["engine_queue_time"]),
+        ("nim", ["engine_kv_cache"]),
+        ("otel-genai", []),
+    ],
+)
+def test_the_report_follows_the_engines_saturation_where_the_source_has_it(
+    profile: str, keys: list[str]
+) -> None:
+    """Engine profiles add their saturation lines to the report (the warning's thresholds, read
+    from the saturation family's records); the gateway and OpenTelemetry have none."""
+    spec = _spec(profile)
+    defs = [d for d in signal_defs(spec) if d.kind == "saturation"]
+    assert [d.key for d in defs] == keys
+    for defn in defs:
+        assert defn.alert == "EngineSaturationRising"
+        assert defn.series.startswith("redline:engine_")
+        assert signal_exprs(spec, defn, 60).value == f"max({defn.series})"
+
+
+def test_a_saturated_hour_shows_in_every_format() -> None:
+    """An hour in which the P99 wait passed its line: the Markdown, CSV and JSON carry it."""
+    spec = _spec("vllm")
+    window = Window(T0, T0 + 2 * H)
+    hours = (T0 + H, T0 + 2 * H)
+    wait = SignalSeries(15.0, dict(zip(hours, (0.1, 0.9), strict=True)),
+                        dict(zip(hours, (0.0, 40.0), strict=True)),
+                        dict.fromkeys(hours, 240.0))  # fmt: skip
+    data = ReportInput(
+        window=window,
+        slos={
+            slo.name: SloSeries(dict.fromkeys(hours, 1000.0), dict.fromkeys(hours, 0.0))
+            for slo in spec.slos
+        },  # fmt: skip
+        signals={"engine_queue_time": [("", wait)]},
+    )
+    report = build_report(
+        spec, data, spec_source="test", prometheus="http://p", generated_at=datetime.now(UTC)
+    )
+    [queue, kv] = report.saturation
+    assert queue.key == "engine_queue_time" and queue.seconds_over == 600.0
+    assert (queue.peak, queue.status, kv.status) == (0.9, "warn", "no_data")
+    assert report.summary.status == "pass"  # a warning is no failed red line
+    markdown = render_markdown(report)
+    assert "## Engine saturation (leading indicators)" in markdown
+    assert "| Engine P99 wait in the queue (5m) | 0.400 s | WARN | 0.900 s |" in markdown
+    assert "engine_queue_time" in render_csv_tables(report)["saturation.csv"]
+    html = render_html(report, build_charts(report))
+    assert '<section id="saturation">' in html and "Engine P99 wait in the queue" in html
+    assert json.loads(render_json(report))["saturation"][0]["seconds_over"] == 600.0
