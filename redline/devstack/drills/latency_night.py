@@ -25,13 +25,13 @@ from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
     job_matches,
+    require_loadgen,
     require_quiet,
     wait_acknowledged,
     wait_firing,
     wait_recovered,
 )
 from redline.devstack.layout import BASE_MODEL
-from redline.devstack.parts import part_alive
 from redline.platform.routing import RoutingStore
 from redline.rules.records import window_requests_record, window_slow_requests_record
 from redline.slo.alerts import Alert
@@ -119,9 +119,7 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
     labels = {"region": primary}
     require_quiet(ctx, result, labels)
     require_quiet(ctx, result, labels, Alert.RED_LINE_LATENCY_P99)
-    loadgen = ctx.state.part("loadgen")
-    if loadgen is None or not part_alive(loadgen):
-        raise DrillError("the load generator is not running")
+    require_loadgen(ctx)
     window = parse_duration(red.window)
     few, more = red.slow_requests_page - 1, 3
     store = RoutingStore.from_url(ctx.endpoints.redis_url, regions=tuple(ctx.endpoints.regions))

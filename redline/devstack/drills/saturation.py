@@ -28,12 +28,12 @@ from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
     budget_for,
+    require_loadgen,
     require_quiet,
     wait_acknowledged,
     wait_recovered,
 )
 from redline.devstack.layout import BASE_MODEL
-from redline.devstack.parts import part_alive
 from redline.rules.families.saturation import saturation_expr
 from redline.slo import catalog
 from redline.slo.alerts import Alert
@@ -123,9 +123,7 @@ def drill_saturation(ctx: DrillContext) -> DrillResult:
     labels = {"region": primary}
     require_quiet(ctx, result, labels)
     require_quiet(ctx, result, labels, Alert.RED_LINE_LATENCY_P99)
-    loadgen = ctx.state.part("loadgen")
-    if loadgen is None or not part_alive(loadgen):
-        raise DrillError("the load generator is not running")
+    require_loadgen(ctx)
     # The warning's condition for the primary alone, as Prometheus evaluates it.
     queue = f'{catalog.ENGINE_QUEUE_RECORD}{{region="{primary}"}}'
     condition = f"count(({expr}) and on (region) {queue})"

@@ -11,6 +11,7 @@ from redline.devstack.config import pipeline_budget_seconds
 from redline.devstack.drills.base import DrillError, DrillResult, labels_match, parse_time
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.settle import diagnose, settle_seconds
+from redline.devstack.parts import part_alive
 
 
 def budget_for(ctx: DrillContext, for_seconds: float) -> float:
@@ -47,6 +48,14 @@ def require_quiet(
     except DrillError:
         found = diagnose(ctx, name, labels)
         raise DrillError(f"the stack did not settle within {bound:.0f} s: {found}") from None
+
+
+def require_loadgen(ctx: DrillContext) -> None:
+    """DrillError unless the stack's load generator runs (a drill that pauses it must see it
+    resume afterwards)."""
+    loadgen = ctx.state.part("loadgen")
+    if loadgen is None or not part_alive(loadgen):
+        raise DrillError("the load generator is not running")
 
 
 def wait_firing(
@@ -184,6 +193,7 @@ def wait_recovered(
 
 __all__ = [
     "budget_for",
+    "require_loadgen",
     "job_matches",
     "last_verify",
     "require_quiet",

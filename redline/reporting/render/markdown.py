@@ -183,38 +183,32 @@ def _rpos(report: Report) -> list[str]:
     )
 
 
-def _saturation(report: Report) -> list[str]:
-    return ["## Engine saturation (leading indicators)", ""] + table(
-        ["signal", "warns over", "status", "peak", "peak hour", "time over"],
+def _peaks(title: str, names: tuple[str, str], rows: list[tuple[str, SignalReport]]) -> list[str]:
+    """A section of signals judged by their peak against a line (drift, saturation)."""
+    return [f"## {title}", ""] + table(
+        [*names, "status", "peak", "peak hour", "time over"],
         [
             [
-                signal_label(sig),
+                name,
                 f.measure(sig.threshold, sig.unit),
                 f.status(sig.status),
                 f.measure(sig.peak, sig.unit),
                 f.when(sig.peak_hour),
                 f.duration(sig.seconds_over),
             ]
-            for sig in report.saturation
+            for name, sig in rows
         ],
     )
+
+
+def _saturation(report: Report) -> list[str]:
+    rows = [(signal_label(sig), sig) for sig in report.saturation]
+    return _peaks("Engine saturation (leading indicators)", ("signal", "warns over"), rows)
 
 
 def _drift(report: Report) -> list[str]:
-    return ["## Embedding drift", ""] + table(
-        ["collection/method", "threshold", "status", "peak", "peak hour", "time over"],
-        [
-            [
-                sig.instance or f.NA,
-                f.measure(sig.threshold, sig.unit),
-                f.status(sig.status),
-                f.measure(sig.peak, sig.unit),
-                f.when(sig.peak_hour),
-                f.duration(sig.seconds_over),
-            ]
-            for sig in report.drift
-        ],
-    )
+    rows = [(sig.instance or f.NA, sig) for sig in report.drift]
+    return _peaks("Embedding drift", ("collection/method", "threshold"), rows)
 
 
 def _incidents(report: Report) -> list[str]:
