@@ -36,6 +36,8 @@ from pydantic import Field, field_validator
 from redline.core.settings import ServiceSettings, SettingsError, load_settings
 
 HEALTH_PATH = "/-/healthz"
+KEEPALIVE_SECONDS = 2.0
+"""How long an idle connection to a pod is kept: under uvicorn's timeout_keep_alive (5 s)."""
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -170,7 +172,15 @@ class ServiceFront:
                 self.settings.read_timeout_seconds,
                 connect=self.settings.connect_timeout_seconds,
             )
-            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            # Idle connections expire here before the pods' uvicorn closes them (its
+            # timeout_keep_alive, 5 s): at equal timeouts a request could go out on a connection
+            # the pod was closing and come back a 502 ("server disconnected"), one in a few
+            # thousand (the vllm stack's regression-negative drill saw one).
+            limits = httpx.Limits(
+                max_connections=256,
+                max_keepalive_connections=64,
+                keepalive_expiry=KEEPALIVE_SECONDS,
+            )
             self._client = httpx.AsyncClient(
                 timeout=timeout, limits=limits, trust_env=False, transport=self.transport
             )

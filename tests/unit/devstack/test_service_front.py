@@ -14,9 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from redline.devstack.fakes.service import (
     HEALTH_PATH,
+    KEEPALIVE_SECONDS,
     RoundRobin,
     ServiceFront,
     ServiceFrontError,
@@ -223,3 +225,13 @@ def test_forward_headers_drops_hop_by_hop_ones() -> None:
         [(b"Connection", b"close"), (b"Transfer-Encoding", b"chunked"), (b"X-Request-Id", b"7")]
     )
     assert kept == [("X-Request-Id", "7")]
+
+
+def test_idle_connections_to_the_pods_expire_before_the_pods_close_them() -> None:
+    """A connection the pod's uvicorn is closing (its keep-alive timeout) must never carry a
+    request: the front lets idle ones go first (a request sent on one came back a 502)."""
+    pods_close_after = uvicorn.Config(app=None).timeout_keep_alive
+    assert KEEPALIVE_SECONDS < pods_close_after
+    front = ServiceFront(ServiceFrontSettings(region="r", pods=["http://127.0.0.1:1"]))
+    pool = front.client()._transport._pool  # the pool holds the expiry
+    assert pool._keepalive_expiry == KEEPALIVE_SECONDS
