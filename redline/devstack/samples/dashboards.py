@@ -397,6 +397,9 @@ class _EngineTraffic:
         outcomes = {"ok": self._ok_labels(self.counted), "error": self._error_labels(self.counted)}
         self.histograms: dict[tuple[str, str], _Histogram] = {}
         self.ttft: dict[str, _Histogram] = {}
+        self.fam = fam
+        saturation = profile.saturation
+        self.waits: dict[str, _Histogram] = {}
         ttft = src.series("time_to_first_token")
         for region in spec.regions:
             base = {**self.base(region), **_labels_matching(duration.matchers)}
@@ -408,6 +411,9 @@ class _EngineTraffic:
             if ttft is not None:
                 labels = {**self.base(region), **_labels_matching(ttft.matchers)}
                 self.ttft[region] = _Histogram(fam, ttft.names[0], labels, TTFT_BUCKETS)
+            if "queue_time" in saturation:
+                name = saturation["queue_time"].names[0]
+                self.waits[region] = _Histogram(fam, name, self.base(region), src.buckets)
 
     def _error_labels(self, name: str) -> dict[str, str]:
         """Labels an error carries on request counter `name`."""
@@ -473,6 +479,23 @@ class _EngineTraffic:
                 labels = {**self.base(region), **_labels_matching(found.matchers)}
                 for name in found.names:
                     add(name, labels, now, streamed * per_request / len(found.names))
+            self._saturation(now, region, requests, breach and region == primary)
+
+    def _saturation(self, now: float, region: str, requests: float, breach: bool) -> None:
+        """The engine's saturation series (its profile's): during the breach its queue and
+        waits grow and its KV cache fills, so the warning's panels move before the red line."""
+        saturation = self.src.profile.saturation
+        labels = self.base(region)
+        gauges = {"queue": 6.0 if breach else 0.0, "running": 16.0 if breach else 6.0,
+                  "kv_cache": 0.97 if breach else 0.4}  # fmt: skip
+        for signal, value in gauges.items():
+            if signal in saturation:
+                self.fam(saturation[signal].names[0], "gauge").add(labels, now, value)
+        if "preemptions" in saturation:
+            name = saturation["preemptions"].names[0]
+            self.counters.add_exposed(name, labels, now, 0.02 * requests if breach else 0.0)
+        if region in self.waits:
+            self.waits[region].observe(now, requests, 0.5 if breach else 0.01)
 
 
 def _active_alerts(  # noqa: PLR0913 - the spot alerts need the time, not only the share

@@ -207,7 +207,11 @@ def test_spot_drain_playbook_drains_waits_for_the_replacement_and_reopens(
     replacer.join()
     thread.join(10)
     assert job.status == "succeeded", job.error
-    assert [s["name"] for s in job.plan or []] == ["drain", "wait_drained", "recover"]
+    # Each step ran, in order. A worker that loses its lease (Redis slow on a busy machine) has
+    # the job re-run from the node's state, so the last attempt's plan may hold only the rest.
+    ran = [s["name"] for s in job.steps if s["phase"] == "execute" and s["ok"]]
+    assert list(dict.fromkeys(ran)) == ["drain", "wait_drained", "recover"], job.steps
+    assert [s["name"] for s in job.plan or []][-1] == "recover"
     [triage] = records(job, "triage")
     (report,) = triage["data"]["reports"]
     assert [d["action"] for d in report["decisions"]] == [
