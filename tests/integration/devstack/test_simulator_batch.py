@@ -17,7 +17,9 @@ from redline.slo.sources import PROFILES
 
 pytestmark = pytest.mark.integration
 
-SERVICE_SECONDS = 0.4
+SERVICE_SECONDS = 1.0
+"""Long enough for three clients started together to all arrive within the first service, on a
+busy machine too."""
 SATURATION = PROFILES["vllm"].saturation
 
 
@@ -52,12 +54,10 @@ def test_requests_beyond_the_batch_wait_and_the_engine_shows_it() -> None:
             thread.start()
         waiting, running = SATURATION["queue"].names[0], SATURATION["running"].names[0]
         seen: list[tuple[float, float]] = []
-        while time.monotonic() - started < 2 * SERVICE_SECONDS:
+        while any(thread.is_alive() for thread in threads):
             values = _values(server.url)
             seen.append((values[waiting], values[running]))
             time.sleep(0.05)
-        for thread in threads:
-            thread.join(30)
         assert answers == [200, 200, 200]
         # one at a time: the three took three service times, not one
         assert time.monotonic() - started >= 3 * SERVICE_SECONDS
@@ -66,9 +66,9 @@ def test_requests_beyond_the_batch_wait_and_the_engine_shows_it() -> None:
         values = _values(server.url)
         assert (values[waiting], values[running]) == (0.0, 0.0)
         queue_time = SATURATION["queue_time"].names[0]
-        # waits of about 0, one and two service times
+        # waits of about 0, one and two service times (less what a late start took off)
         assert values[f"{queue_time}_count"] == 3
-        assert values[f"{queue_time}_sum"] >= 2.5 * SERVICE_SECONDS
+        assert values[f"{queue_time}_sum"] >= 1.5 * SERVICE_SECONDS
         assert values[SATURATION["kv_cache"].names[0]] == 0.0  # an empty batch holds no KV cache
 
 

@@ -107,9 +107,10 @@ def test_the_simulator_publishes_vllms_series_for_what_it_served(sim: ServerThre
     # vLLM 0.33: the 503 was refused at admission (no engine stats), the 500 finished in error.
     assert _value(samples, f"{E2E}_count", model_name=ADAPTER) == 5  # 3 + slow + the 500
     assert _value(samples, f"{E2E}_count", model_name=BASE) == 2  # streams; no dry-run
-    # The slow request sits in vLLM's (0.3, 0.5] bucket, the others (the 500 too) under 0.3 s.
+    # The slow request (0.35 s) sits above vLLM's 0.3 s bucket, under 0.8 s however busy the
+    # machine; the others (the 500 too) under 0.3 s.
     below = _value(samples, f"{E2E}_bucket", model_name=ADAPTER, le="0.3")
-    assert (below, _value(samples, f"{E2E}_bucket", model_name=ADAPTER, le="0.5")) == (4, 5)
+    assert (below, _value(samples, f"{E2E}_bucket", model_name=ADAPTER, le="0.8")) == (4, 5)
     assert _value(samples, "vllm:admission_rejections_total", model_name=ADAPTER,
                   reason="max_num_queued_reqs") == 1  # fmt: skip
     assert _value(samples, "vllm:prompt_tokens_total", model_name=ADAPTER) == (usage + usage // 3)
