@@ -27,6 +27,7 @@ from redline.exporters.drift import (
 )
 from redline.exporters.drift_stats import DriftSettings
 from redline.exporters.probe import ProbeCache
+from redline.platform.index import connect_milvus
 from redline.slo import catalog
 from redline.slo.spec import Drift
 
@@ -97,7 +98,7 @@ def _check_exposition(cache: ProbeCache) -> None:
 
 @pytest.fixture()
 def milvus(milvus_service: Service) -> Iterator[MilvusClient]:
-    client = MilvusClient(uri=milvus_service.extra["uri"])
+    client = connect_milvus(milvus_service.extra["uri"])
     yield client
     client.close()
 
@@ -254,7 +255,7 @@ def test_spec_probe_fails_while_milvus_is_down_and_recovers(tmp_path: Path) -> N
 
     service = start_milvus_lite(tmp_path / "milvus", port=port)
     try:
-        client = MilvusClient(uri=uri)
+        client = connect_milvus(uri)
         try:
             _create(client, "documents")
             _insert(

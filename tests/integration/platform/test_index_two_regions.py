@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from pymilvus import DataType, MilvusClient
+from pymilvus import DataType
 
 from redline.devstack.processes import Service, start_milvus_lite
 from redline.platform.index import (
@@ -26,6 +26,7 @@ from redline.platform.index import (
     Replicator,
     TargetSpec,
     VectorIdGenerator,
+    connect_milvus,
     decode_vector_id,
     remap_id,
     replay_delta_log,
@@ -46,7 +47,7 @@ def second_milvus(tmp_path: Path) -> Iterator[Service]:
 
 
 def _create(uri: str, name: str) -> None:
-    client = MilvusClient(uri=uri)
+    client = connect_milvus(uri)
     schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
     schema.add_field("id", DataType.VARCHAR, is_primary=True, max_length=64)
     schema.add_field("vector", DataType.FLOAT_VECTOR, dim=DIM)

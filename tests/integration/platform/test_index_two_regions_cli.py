@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from pymilvus import MilvusClient
 from pymilvus.exceptions import MilvusException
 
 from redline.devstack.processes import Service, start_milvus_lite
@@ -28,6 +27,7 @@ from redline.platform.index import (
     DeltaLog,
     MilvusTarget,
     TargetSpec,
+    connect_milvus,
     remap_id,
     row_checksum,
     verify_range,
@@ -55,7 +55,7 @@ def _index(*args: str) -> list[str]:
 
 def _rows(uri: str, collection: str) -> dict[str, Row]:
     """Every row of a copy, read back and checksummed here (not by redline's replicator)."""
-    client = MilvusClient(uri=uri)
+    client = connect_milvus(uri)
     try:
         if not client.has_collection(collection):
             return {}
@@ -194,6 +194,6 @@ def test_two_regions_through_the_cli_converge_with_every_conflict_recorded(
                 process.kill()
                 process.wait()
         for uri in uris.values():
-            milvus = MilvusClient(uri=uri)
+            milvus = connect_milvus(uri)
             milvus.drop_collection(collection)
             milvus.close()

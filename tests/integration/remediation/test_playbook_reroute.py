@@ -171,12 +171,17 @@ def test_reroute_serves_from_the_healthy_region_and_restores_after_the_hold_down
 def _watch_override(routing: RoutingStore, stop: threading.Event, seen: list[str | None]) -> None:
     """Record every change of the override's target until `stop`."""
     last: object = object()
-    while not stop.is_set():
+    while True:
+        # One read after `stop` too: a change in the last interval (or while this thread waited
+        # for the CPU) is still recorded.
+        stopping = stop.is_set()
         override = routing.get_override()
         current = override.target_region if override else None
         if current != last:
             seen.append(current)
             last = current
+        if stopping:
+            return
         stop.wait(0.02)
 
 
