@@ -20,6 +20,8 @@ no queue-time histogram), and `redline validate` lists what is missing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from redline.rules.common import alert_rule
 from redline.rules.model import AlertRule, RecordingRule, RuleGroup, number
 from redline.rules.promtool_cases import (
@@ -62,12 +64,11 @@ def saturation_records(spec: Spec) -> dict[str, str]:
     return {name: expr for name, expr in exprs.items() if expr is not None}
 
 
-def saturation_expr(spec: Spec) -> str | None:
-    """The EngineSaturationRising condition over the recorded signals; None when the profile
-    has none of them."""
+def saturation_expr(spec: Spec, records: Mapping[str, str]) -> str | None:
+    """The EngineSaturationRising condition over the recorded signals (`saturation_records`);
+    None when the profile has none of them."""
     red = spec.red_lines.latency_p99
     warn = red.saturation
-    records = saturation_records(spec)
     window = _window(spec)
     terms = []
     queue = catalog.ENGINE_QUEUE_RECORD
@@ -89,12 +90,13 @@ def saturation_expr(spec: Spec) -> str | None:
 def build_rules(spec: Spec) -> list[RuleGroup]:
     """The `redline-saturation` group: the recorded signals and EngineSaturationRising; none
     for a source without saturation series (redline's gateway)."""
-    expr = saturation_expr(spec)
+    exprs = saturation_records(spec)
+    expr = saturation_expr(spec, exprs)
     if expr is None:
         return []
     red = spec.red_lines.latency_p99
     warn = red.saturation
-    records = [RecordingRule(name, expr) for name, expr in saturation_records(spec).items()]
+    records = [RecordingRule(name, record) for name, record in exprs.items()]
     alert = alert_rule(
         spec,
         Alert.ENGINE_SATURATION_RISING,
@@ -135,11 +137,11 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """A queue growing for the window fires at the first evaluation its samples are all
     non-empty, and not one before; a steady queue, one that empties, short waits and a full KV
     cache that preempts nothing stay silent; long waits, and a full cache preempting, fire."""
-    if saturation_expr(spec) is None:
+    records = saturation_records(spec)
+    if saturation_expr(spec, records) is None:
         return []
     rule = alerts.get(Alert.ENGINE_SATURATION_RISING)
     red = spec.red_lines.latency_p99
-    records = saturation_records(spec)
     window = int(parse_duration(red.saturation.window) // 60)  # samples are a minute apart
     steps = window + 12
     cases: list[Case] = []

@@ -14,7 +14,6 @@ removed, the page resolves once the slow requests leave the window, the load gen
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -23,9 +22,9 @@ import httpx
 from redline.devstack.drills.base import DrillError, DrillResult, parse_time
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
+    LoadgenPause,
     budget_for,
     job_matches,
-    require_loadgen,
     require_quiet,
     wait_acknowledged,
     wait_firing,
@@ -119,23 +118,20 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
     labels = {"region": primary}
     require_quiet(ctx, result, labels)
     require_quiet(ctx, result, labels, Alert.RED_LINE_LATENCY_P99)
-    require_loadgen(ctx)
     window = parse_duration(red.window)
     few, more = red.slow_requests_page - 1, 3
     store = RoutingStore.from_url(ctx.endpoints.redis_url, regions=tuple(ctx.endpoints.regions))
     saved = ctx.probe.faults(primary)
     trickle = _Trickle(ctx.endpoints.client_url)
-    paused = False
+    loadgen = LoadgenPause(ctx)
     fired_p99: list[float] = []
 
     def watch_p99() -> None:
         if ctx.probe.alerts(Alert.RED_LINE_LATENCY_P99, labels):
             fired_p99.append(time.time())
 
-    pause = ctx.state.layout().loadgen_pause
     try:
-        pause.write_text("night: the latency-night drill\n")
-        paused = True
+        loadgen.pause("night: the latency-night drill")
         ctx.say(NAME, "night falls: the load generator paused")
 
         # Room under min_requests for the trickle twice over: the window stays a night's.
@@ -225,13 +221,10 @@ def drill_latency_night(ctx: DrillContext) -> DrillResult:
         ctx.wait_for(NAME, f"the night's slow requests to leave the {red.window} window",
                      no_slow_left, window + 60.0, 0.5)  # fmt: skip
         ctx.say(NAME, "morning: the load generator resumes")
-        pause.unlink()
-        paused = False
+        loadgen.resume()
     finally:
         ctx.probe.set_faults(primary, saved)
-        if paused:
-            with contextlib.suppress(FileNotFoundError):
-                pause.unlink()
+        loadgen.resume()
         trickle.close()
         store.close()
     result.failed_requests = len(trickle.failed)

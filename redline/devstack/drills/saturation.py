@@ -18,7 +18,6 @@ load generator resumes.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
@@ -27,14 +26,14 @@ import httpx
 from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.waits import (
+    LoadgenPause,
     budget_for,
-    require_loadgen,
     require_quiet,
     wait_acknowledged,
     wait_recovered,
 )
 from redline.devstack.layout import BASE_MODEL
-from redline.rules.families.saturation import saturation_expr
+from redline.rules.families.saturation import saturation_expr, saturation_records
 from redline.slo import catalog
 from redline.slo.alerts import Alert
 from redline.slo.spec import parse_duration
@@ -111,7 +110,7 @@ def drill_saturation(ctx: DrillContext) -> DrillResult:
     spec = ctx.spec
     red = spec.red_lines.latency_p99
     result = DrillResult(NAME, Alert.ENGINE_SATURATION_RISING, None, budget_for(ctx, 0.0))
-    expr = saturation_expr(spec)
+    expr = saturation_expr(spec, saturation_records(spec))
     if expr is None:
         result.not_applicable = (
             f"the {ctx.endpoints.source} source publishes no engine queue: run it on an engine "
@@ -123,17 +122,14 @@ def drill_saturation(ctx: DrillContext) -> DrillResult:
     labels = {"region": primary}
     require_quiet(ctx, result, labels)
     require_quiet(ctx, result, labels, Alert.RED_LINE_LATENCY_P99)
-    require_loadgen(ctx)
     # The warning's condition for the primary alone, as Prometheus evaluates it.
     queue = f'{catalog.ENGINE_QUEUE_RECORD}{{region="{primary}"}}'
     condition = f"count(({expr}) and on (region) {queue})"
-    pause = ctx.state.layout().loadgen_pause
     saved = ctx.probe.faults(primary)
     users = _Users(ctx.endpoints.client_url)
-    paused = False
+    loadgen = LoadgenPause(ctx)
     try:
-        pause.write_text("saturation: the saturation drill's users replace it\n")
-        paused = True
+        loadgen.pause("saturation: the saturation drill's users replace it")
         slow = {**saved, "latency": {"base_seconds": SERVICE_SECONDS, "jitter": "none"},
                 "max_concurrency": BATCH}  # fmt: skip
         ctx.probe.set_faults(primary, slow)
@@ -196,9 +192,7 @@ def drill_saturation(ctx: DrillContext) -> DrillResult:
     finally:
         users.close()
         ctx.probe.set_faults(primary, saved)
-        if paused:
-            with contextlib.suppress(FileNotFoundError):
-                pause.unlink()
+        loadgen.resume()
     result.failed_requests = len(users.failed)
     result.failed_detail = f"{len(users.failed)} of {users.sent} users' requests failed" + (
         f": {', '.join(sorted(set(users.failed)))}" if users.failed else ""

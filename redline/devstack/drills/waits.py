@@ -3,6 +3,7 @@ playbook's job and its verify step, the audit trail's acknowledgement, the alert
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +57,24 @@ def require_loadgen(ctx: DrillContext) -> None:
     loadgen = ctx.state.part("loadgen")
     if loadgen is None or not part_alive(loadgen):
         raise DrillError("the load generator is not running")
+
+
+class LoadgenPause:
+    """The stack's load generator paused by its pause file (requests in flight finish, no new
+    one starts) and resumed, once, however the drill ends: call `resume` in a `finally`."""
+
+    def __init__(self, ctx: DrillContext) -> None:
+        require_loadgen(ctx)
+        self.path = ctx.state.layout().loadgen_pause
+
+    def pause(self, why: str) -> None:
+        """Pause the load generator, saying why in its pause file."""
+        self.path.write_text(f"{why}\n")
+
+    def resume(self) -> None:
+        """Resume the load generator (nothing to do when it runs)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
 
 
 def wait_firing(
