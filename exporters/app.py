@@ -60,6 +60,7 @@ from redline.exporters.evaluations import (
     EvaluationConfigError,
     build_evaluations_router,
 )
+from redline.exporters.index_consistency import IndexConsistencyProbe
 from redline.exporters.index_staleness import IndexStalenessProbe
 from redline.exporters.keepalive import KeepaliveProbe
 from redline.exporters.llm_probes import build_llm_probes
@@ -69,6 +70,7 @@ from redline.exporters.probe import Probe, ProbeCache, writes_canaries
 from redline.exporters.session_crdt import SessionCrdtProbe
 from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
+from redline.exporters.weights import WeightsProbe
 from redline.platform.golden import GoldenSetError
 from redline.platform.index import DeltaLogError
 from redline.platform.lease import LeaseKeeper, RedisLease, default_owner
@@ -298,7 +300,7 @@ def build_probes(
         probes.extend(_llm_probes(settings, spec, shared))
         probes.extend(_consistency_probes(settings, spec))
         probes.extend(_mutation_probes(settings, spec, shared))
-        probes.extend(_index_probes(settings))
+        probes.extend(_index_probes(settings, spec))
         if settings.session_rpo.enabled:
             probes.append(SessionRpoProbe.from_settings(settings.session_rpo, settings.redis_url))
         if settings.keepalive.enabled:
@@ -308,6 +310,8 @@ def build_probes(
         if settings.session_crdt.enabled:
             probes.append(SessionCrdtProbe.from_settings(settings.session_crdt))
         probes.extend(_drift_probes(settings, spec))
+        if settings.weights.enabled:
+            probes.append(WeightsProbe(settings.weights))
     except (
         ValueError,
         DriftError,
@@ -377,7 +381,7 @@ def _mutation_probes(settings: ExporterSettings, spec: Spec, shared: Shared) -> 
     return list(build_mutation_probes(section, settings.redis_url, shared.versions))
 
 
-def _index_probes(settings: ExporterSettings) -> list[Probe]:
+def _index_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:
     section = settings.index_staleness
     if not section.enabled:
         return []
@@ -386,7 +390,7 @@ def _index_probes(settings: ExporterSettings) -> list[Probe]:
     )
     secret = token.get_secret_value() if token is not None else ""
     config = section.index_config(section.collection, section.dim, secret, section.region)
-    return [
+    probes: list[Probe] = [
         IndexStalenessProbe(
             config,
             section.redis_url or settings.redis_url,
@@ -394,6 +398,17 @@ def _index_probes(settings: ExporterSettings) -> list[Probe]:
             timeout_seconds=section.timeout_seconds,
         )
     ]
+    if section.consistency_check:
+        probes.append(
+            IndexConsistencyProbe(
+                config,
+                spec.red_lines.index_consistency.max_staleness_seconds,
+                bounded_staleness_seconds=section.bounded_staleness_seconds,
+                interval_seconds=section.consistency_interval_seconds,
+                timeout_seconds=section.timeout_seconds,
+            )
+        )
+    return probes
 
 
 def _drift_probes(settings: ExporterSettings, spec: Spec) -> list[Probe]:

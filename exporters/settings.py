@@ -19,18 +19,21 @@ from pydantic import (
     PositiveInt,
     SecretStr,
     ValidationError,
+    model_validator,
 )
 from pydantic_settings import SettingsConfigDict
 
 from redline.core.settings import ServiceSettings, SettingsError, load_settings_file
 from redline.exporters.consistency import ConsistencySettings
 from redline.exporters.evaluations import EvaluationsSettings
+from redline.exporters.index_consistency import MILVUS_GRACEFUL_TIME_SECONDS
 from redline.exporters.keepalive import KeepaliveSettings
 from redline.exporters.llm_probes import EndpointProbeSettings, GoldenSetSettings
 from redline.exporters.mutation import MutationSettings
 from redline.exporters.session_crdt import SessionCrdtSettings
 from redline.exporters.session_rpo import SessionRpoSettings
 from redline.platform.index import IndexTargetsFields
+from redline.platform.weights.settings import KeyringSettings, S3StoreSettings
 
 DEFAULT_PORT = 9109
 
@@ -72,6 +75,47 @@ class IndexStalenessSection(IndexTargetsFields, ProbeSection):
     milvus_token: SecretStr | None = Field(None, description="Milvus token (from env only).")
     milvus_token_file: Path | None = Field(None, description="File holding the Milvus token.")
     timeout_seconds: PositiveFloat = Field(2.0, description="Timeout of Redis and Milvus calls.")
+    consistency_check: bool = Field(
+        True,
+        description="Also publish both collections' consistency level and its staleness bound "
+        "(probe `index_consistency`, read-only; its first run logs a WARNING per collection "
+        "whose reads may be staler than the red line).",
+    )
+    consistency_interval_seconds: PositiveFloat = Field(
+        60.0, description="Seconds between two consistency-level checks."
+    )
+    bounded_staleness_seconds: PositiveFloat = Field(
+        MILVUS_GRACEFUL_TIME_SECONDS,
+        description="How stale a Bounded read may be: the Milvus servers' `common.gracefulTime` "
+        "(milvus.yaml, 5000 ms by default), which no collection setting or API call exposes.",
+    )
+
+
+class WeightsSection(ProbeSection):
+    """The `weights` section of `redline exporters`: which bucket, weights, regions, keyrings."""
+
+    enabled: bool = Field(False, description="Run this probe (it needs `store`).")
+    interval_seconds: PositiveFloat = Field(30.0, description="Seconds between two runs.")
+    store: S3StoreSettings | None = Field(
+        None, description="The source region's bucket (records, shards, sync tables)."
+    )
+    models: tuple[str, ...] = Field((), description="Weights names whose versions to watch.")
+    regions: tuple[str, ...] = Field(
+        (), description="Regions the weights are synced to (their sync tables in `store`)."
+    )
+    keyrings: tuple[KeyringSettings, ...] = Field(
+        (KeyringSettings(),), description="Keyrings, each with its rotation and retention."
+    )
+    adapters: tuple[str, ...] = Field(
+        (), description="LoRA adapters whose checkpoint must exist; empty: every one found."
+    )
+    checkpoints: bool = Field(True, description="Publish checkpoint ages from object versions.")
+
+    @model_validator(mode="after")
+    def _store_when_enabled(self) -> WeightsSection:
+        if self.enabled and self.store is None:
+            raise ValueError("weights.store is required when weights.enabled is true")
+        return self
 
 
 class DriftSection(ProbeSection):
@@ -151,6 +195,7 @@ class ExporterSettings(ServiceSettings):
     keepalive: KeepaliveSettings = Field(default_factory=KeepaliveSettings)
     session_crdt: SessionCrdtSettings = Field(default_factory=SessionCrdtSettings)
     drift: DriftSection = Field(default_factory=DriftSection)
+    weights: WeightsSection = Field(default_factory=WeightsSection)
     canary_lease: CanaryLeaseSection = Field(default_factory=CanaryLeaseSection)
 
     @property

@@ -16,6 +16,7 @@ from redline.rules.families import (
     drift,
     gpu,
     guards,
+    index_consistency,
     mutation,
     quotas,
     recordings,
@@ -27,6 +28,7 @@ from redline.rules.families import (
     slo,
     sources,
     spot,
+    weights,
 )
 from redline.rules.families.slo import slo_error_ratio_expr
 from redline.rules.families.spot import build_spot_alerts
@@ -66,6 +68,7 @@ FAMILIES = (
     Family("red_lines", red_lines.build_rules, red_lines.build_tests),
     Family("saturation", saturation.build_rules, saturation.build_tests),
     Family("rpo", rpo.build_rules, rpo.build_tests),
+    Family("index_consistency", index_consistency.build_rules, index_consistency.build_tests),
     Family("rollback", rollback.build_rules, rollback.build_tests),
     Family("mutation", mutation.build_rules, mutation.build_tests),
     Family("slo", slo.build_rules, slo.build_tests),
@@ -74,6 +77,7 @@ FAMILIES = (
     Family("breakers", breakers.build_rules, breakers.build_tests),
     Family("quotas", quotas.build_rules, quotas.build_tests),
     Family("gpu", gpu.build_rules, gpu.build_tests),
+    Family("weights", weights.build_rules, weights.build_tests),
     Family("remediation", remediation.build_rules, remediation.build_tests),
     Family("guards", guards.build_rules, guards.build_tests),
 )

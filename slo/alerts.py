@@ -90,6 +90,23 @@ class Alert(StrEnum):
         ("critical",),
         "a LoRA adapter's last checkpoint older than its RPO",
     )
+    WEIGHT_SHARD_SYNC_RPO_BREACH = (
+        "WeightShardSyncRPOBreach",
+        ("critical",),
+        "a region lacks a version of a model's weight shards for longer than the adapter RPO",
+    )
+    # --- encrypted weights -------------------------------------------------------------------
+    DEK_ROTATION_OVERDUE = (
+        "DEKRotationOverdue",
+        ("ticket", "page"),
+        "a keyring's DEK past its rotation period (ticket), or shards under a DEK past "
+        "retention, which no longer decrypt (page)",
+    )
+    SHARD_VERIFICATION_FAILED = (
+        "ShardVerificationFailed",
+        ("page",),
+        "the newest verification of a weights version found a missing or damaged shard",
+    )
     SESSION_RPO_BREACH = (
         "SessionRPOBreach",
         ("critical",),
@@ -104,6 +121,12 @@ class Alert(StrEnum):
         "IndexIDConflictRate",
         ("warning",),
         "vector-id conflicts between writing regions",
+    )
+    INDEX_CONSISTENCY_WEAK = (
+        "IndexConsistencyWeak",
+        ("ticket",),
+        "a vector-index collection whose consistency level lets reads be staler than the "
+        "eventual-consistency window (Eventually, Session, or Bounded over it)",
     )
     SESSION_CRDT_RPO_BREACH = (
         "SessionCrdtRPOBreach",

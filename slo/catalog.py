@@ -30,6 +30,8 @@ LABEL_STATUS = "status"
 LABEL_PROBE = "probe"
 LABEL_COLLECTION = "collection"
 LABEL_REPLICA = "replica"
+LABEL_TARGET = "target"
+LABEL_LEVEL = "level"
 LABEL_NODE = "node"
 LABEL_PROVIDER = "provider"
 LABEL_PLAYBOOK = "playbook"
@@ -305,6 +307,83 @@ MODEL_BASELINE_ACCURACY_RATIO = Metric(
     VERSION_LABELS,
 )
 
+# --- encrypted weights on object storage (redline.exporters.weights) ------------------------
+LABEL_KEYRING = "keyring"
+LABEL_DEK_STATE = "state"
+WEIGHTS_DEK_AGE_SECONDS = Metric(
+    "llm_weights_dek_age_seconds",
+    "gauge",
+    "Age of a keyring's current DEK (absent when it has none).",
+    (LABEL_KEYRING,),
+)
+WEIGHTS_DEK_ROTATION_SECONDS = Metric(
+    "llm_weights_dek_rotation_seconds",
+    "gauge",
+    "A keyring's rotation period: its current DEK is rotated at this age.",
+    (LABEL_KEYRING,),
+)
+WEIGHTS_DEK_SECONDS_TO_ROTATION = Metric(
+    "llm_weights_dek_seconds_to_rotation",
+    "gauge",
+    "Seconds until a keyring's current DEK is due for rotation (0 when overdue).",
+    (LABEL_KEYRING,),
+)
+WEIGHTS_DEK_VERSIONS = Metric(
+    "llm_weights_dek_versions",
+    "gauge",
+    "DEK versions of a keyring by lifecycle state (current, retired, expired, revoked).",
+    (LABEL_KEYRING, LABEL_DEK_STATE),
+)
+WEIGHTS_SHARDS_PAST_RETENTION = Metric(
+    "llm_weights_shards_past_retention",
+    "gauge",
+    "Shards still encrypted under a DEK that is expired, revoked or missing: they no longer "
+    "decrypt until re-encrypted.",
+    (LABEL_KEYRING,),
+)
+WEIGHTS_SHARDS_FAILED_VERIFICATION = Metric(
+    "llm_weights_shards_failed_verification",
+    "gauge",
+    "Problems the newest verification of a weights version found (0: it passed).",
+    (LABEL_MODEL, LABEL_MODEL_VERSION),
+)
+WEIGHTS_VERIFIED_TIMESTAMP_SECONDS = Metric(
+    "llm_weights_verified_timestamp_seconds",
+    "gauge",
+    "Unix time of the newest verification of a weights version.",
+    (LABEL_MODEL, LABEL_MODEL_VERSION),
+)
+WEIGHTS_SYNC_LAG_SECONDS = Metric(
+    "llm_weights_sync_lag_seconds",
+    "gauge",
+    "Age of the oldest version of a model's weights a region does not hold (0: it holds all).",
+    (LABEL_MODEL, LABEL_REGION),
+)
+WEIGHTS_SYNC_SHARDS_MISSING = Metric(
+    "llm_weights_sync_shards_missing",
+    "gauge",
+    "Shards of a model a region lacks or holds with another hash, per its sync table.",
+    (LABEL_MODEL, LABEL_REGION),
+)
+WEIGHTS_SYNC_SHARDS_EXPECTED = Metric(
+    "llm_weights_sync_shards_expected",
+    "gauge",
+    "Distinct shards of every stored version of a model: what each region should hold.",
+    (LABEL_MODEL, LABEL_REGION),
+)
+WEIGHTS_SYNC_VERSIONS_MISSING = Metric(
+    "llm_weights_sync_versions_missing",
+    "gauge",
+    "Versions of a model whose manifest has not reached a region.",
+    (LABEL_MODEL, LABEL_REGION),
+)
+WEIGHTS_SYNC_LAST_TIMESTAMP_SECONDS = Metric(
+    "llm_weights_sync_last_timestamp_seconds",
+    "gauge",
+    "Unix time of a region's last sync of a model (absent before the first).",
+    (LABEL_MODEL, LABEL_REGION),
+)
+
 # --- vector index ---------------------------------------------------------------------------
 VECTORDB_INDEX_STALENESS_SECONDS = Metric(
     "vectordb_index_staleness_seconds",
@@ -355,6 +434,20 @@ VECTORDB_ID_CONFLICTS_TOTAL = Metric(
     "Vector ids written by two regions with different content, per resolution (records of the "
     "conflict map).",
     (LABEL_COLLECTION, "resolution"),
+)
+VECTORDB_INDEX_CONSISTENCY_LEVEL = Metric(
+    "vectordb_index_consistency_level",
+    "gauge",
+    "1 for the default consistency level of each copy's Milvus collection (Strong, Session, "
+    "Bounded, Eventually, Customized).",
+    (LABEL_COLLECTION, LABEL_TARGET, LABEL_LEVEL),
+)
+VECTORDB_INDEX_CONSISTENCY_STALENESS_BOUND_SECONDS = Metric(
+    "vectordb_index_consistency_staleness_bound_seconds",
+    "gauge",
+    "How stale a read at the collection's default consistency level may be: 0 for Strong, the "
+    "servers' graceful time for Bounded, +Inf for Session, Eventually and Customized.",
+    (LABEL_COLLECTION, LABEL_TARGET),
 )
 
 # --- sessions -------------------------------------------------------------------------------

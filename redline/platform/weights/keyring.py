@@ -128,6 +128,43 @@ def build_keyring_figures(
     )
 
 
+def dek_key(keyring: str, version: int) -> str:
+    """The record key of a keyring's DEK version."""
+    return f"keyrings/{encode_part(keyring)}/deks/{version:08d}.json"
+
+
+def read_dek_record(store: RecordStore, keyring: str, version: int) -> tuple[DekRecord, str] | None:
+    """A DEK record and its ETag; None when there is none; KeyringError naming the object when
+    it is corrupt or names another keyring or version."""
+    key = dek_key(keyring, version)
+    found = store.get(key)
+    if found is None:
+        return None
+    try:
+        record = DekRecord.model_validate_json(found[0])
+    except ValidationError as exc:
+        raise KeyringError(f"{store.where(key)}: corrupt DEK record: {exc}") from None
+    if record.version != version or record.keyring != keyring:
+        raise KeyringError(
+            f"{store.where(key)}: records keyring {record.keyring!r} version "
+            f"{record.version}, expected {keyring!r} {version}"
+        )
+    return record, found[1]
+
+
+def load_dek_records(store: RecordStore, keyring: str) -> list[DekRecord]:
+    """Every DEK record of a keyring, oldest first: what monitoring reads, no KEK needed."""
+    records = []
+    for key in store.list(dek_key(keyring, 0).rsplit("/", 1)[0] + "/"):
+        name = key.rsplit("/", 1)[-1]
+        if not name.endswith(".json") or not name[:-5].isdigit():
+            continue
+        found = read_dek_record(store, keyring, int(name[:-5]))
+        if found is not None:
+            records.append(found[0])
+    return sorted(records, key=lambda r: r.version)
+
+
 class Keyring:
     """The DEKs of one keyring in a record store, wrapped by one KEK."""
 
@@ -148,39 +185,15 @@ class Keyring:
         """The keyring's name."""
         return self.settings.name
 
-    def _prefix(self) -> str:
-        return f"keyrings/{encode_part(self.name)}/deks/"
-
     def _key(self, version: int) -> str:
-        return f"{self._prefix()}{version:08d}.json"
+        return dek_key(self.name, version)
 
     def _read(self, version: int) -> tuple[DekRecord, str] | None:
-        key = self._key(version)
-        found = self.store.get(key)
-        if found is None:
-            return None
-        try:
-            record = DekRecord.model_validate_json(found[0])
-        except ValidationError as exc:
-            raise KeyringError(f"{self.store.where(key)}: corrupt DEK record: {exc}") from None
-        if record.version != version or record.keyring != self.name:
-            raise KeyringError(
-                f"{self.store.where(key)}: records keyring {record.keyring!r} version "
-                f"{record.version}, expected {self.name!r} {version}"
-            )
-        return record, found[1]
+        return read_dek_record(self.store, self.name, version)
 
     def records(self) -> list[DekRecord]:
         """Every DEK record, oldest first."""
-        records = []
-        for key in self.store.list(self._prefix()):
-            name = key.rsplit("/", 1)[-1]
-            if not name.endswith(".json") or not name[:-5].isdigit():
-                continue
-            found = self._read(int(name[:-5]))
-            if found is not None:
-                records.append(found[0])
-        return sorted(records, key=lambda r: r.version)
+        return load_dek_records(self.store, self.name)
 
     def record(self, version: int) -> DekRecord:
         """One DEK record; DekNotFoundError naming the key when there is none."""

@@ -538,6 +538,7 @@ def test_every_probe_is_wired_from_settings(
         )
         assert sorted(health["probes"]) == [
             "embedding_drift",
+            "index_consistency",
             "index_staleness",
             "llm_endpoint_primary",
             "llm_endpoint_secondary",

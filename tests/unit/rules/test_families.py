@@ -69,8 +69,9 @@ def _stays_silent(cases: list[Case], alert: str) -> bool:
 
 def test_the_chain_is_every_family_in_order(spec: Spec) -> None:
     assert [f.name for f in FAMILIES] == [
-        "sources", "recordings", "red_lines", "saturation", "rpo", "rollback", "mutation", "slo",
-        "drift", "spot", "breakers", "quotas", "gpu", "remediation", "guards",
+        "sources", "recordings", "red_lines", "saturation", "rpo", "index_consistency",
+        "rollback", "mutation", "slo", "drift", "spot", "breakers", "quotas", "gpu", "weights",
+        "remediation", "guards",
     ]  # fmt: skip
     groups = build_rule_groups(spec)
     assert groups == [g for f in FAMILIES for g in f.build_rules(spec)]
