@@ -6,13 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from redline.generate.outputs import RULE_FILE, RULES_DIR, TEST_FILE, build_outputs, write_outputs
-from redline.generate.promtool import run_rule_tests
 from redline.slo import catalog
 from redline.slo.load import load_spec
 from redline.slo.spec import Spec
+from tests.support.promtool import run_family_cases, run_with_broken_rule, write_family_cases
 
 pytestmark = pytest.mark.integration
 
@@ -20,14 +18,8 @@ PREFIX = "index consistency:"
 
 
 def _generate(spec: Spec, root: Path) -> Path:
-    """The spec's output with the test file cut down to the index-consistency cases."""
-    write_outputs(root, build_outputs(spec, "spec.yaml"))
-    directory = root / RULES_DIR
-    tests_file = directory / TEST_FILE
-    tests = yaml.safe_load(tests_file.read_text())
-    tests["tests"] = [t for t in tests["tests"] if t["name"].startswith(PREFIX)]
-    assert len(tests["tests"]) == 2, "no index-consistency cases"
-    tests_file.write_text(yaml.safe_dump(tests))
+    directory, kept = write_family_cases(spec, root, PREFIX)
+    assert kept == 2, kept
     return directory
 
 
@@ -43,7 +35,7 @@ def _variant() -> Spec:
 @pytest.mark.parametrize("variant", ["default", "a 3 s red line"])
 def test_the_index_consistency_cases_pass(tmp_path: Path, variant: str) -> None:
     spec = load_spec().spec if variant == "default" else _variant()
-    result = run_rule_tests(_generate(spec, tmp_path), TEST_FILE)
+    result = run_family_cases(_generate(spec, tmp_path))
     assert result.ok, result.output
 
 
@@ -69,10 +61,6 @@ def test_the_index_consistency_cases_catch_a_broken_rule(
     tmp_path: Path, original: str, broken: str, failing_case: str
 ) -> None:
     directory = _generate(load_spec().spec, tmp_path)
-    rules = directory / RULE_FILE
-    text = rules.read_text()
-    assert original in text, f"mutation target {original!r} not in the rules"
-    rules.write_text(text.replace(original, broken, 1))
-    result = run_rule_tests(directory, TEST_FILE)
+    result = run_with_broken_rule(directory, original, broken)
     assert not result.ok
     assert failing_case in result.output

@@ -6,12 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from redline.generate.outputs import RULE_FILE, RULES_DIR, TEST_FILE, build_outputs, write_outputs
-from redline.generate.promtool import run_rule_tests
 from redline.slo import catalog
 from redline.slo.load import load_spec
+from tests.support.promtool import run_family_cases, run_with_broken_rule, write_family_cases
 
 pytestmark = pytest.mark.integration
 
@@ -19,19 +17,13 @@ PREFIX = "weights:"
 
 
 def _generate(root: Path) -> Path:
-    """The default spec's output with the test file cut down to the weights cases."""
-    write_outputs(root, build_outputs(load_spec().spec, "spec.yaml"))
-    directory = root / RULES_DIR
-    tests_file = directory / TEST_FILE
-    tests = yaml.safe_load(tests_file.read_text())
-    tests["tests"] = [t for t in tests["tests"] if t["name"].startswith(PREFIX)]
-    assert len(tests["tests"]) == 4, [t["name"] for t in tests["tests"]]
-    tests_file.write_text(yaml.safe_dump(tests))
+    directory, kept = write_family_cases(load_spec().spec, root, PREFIX)
+    assert kept == 4, kept
     return directory
 
 
 def test_the_weights_cases_pass(tmp_path: Path) -> None:
-    result = run_rule_tests(_generate(tmp_path), TEST_FILE)
+    result = run_family_cases(_generate(tmp_path))
     assert result.ok, result.output
 
 
@@ -64,10 +56,6 @@ def test_the_weights_cases_catch_a_broken_rule(
     tmp_path: Path, original: str, broken: str, failing_case: str
 ) -> None:
     directory = _generate(tmp_path)
-    rules = directory / RULE_FILE
-    text = rules.read_text()
-    assert text.count(original) == 1, f"mutation target {original!r} not once in the rules"
-    rules.write_text(text.replace(original, broken, 1))
-    result = run_rule_tests(directory, TEST_FILE)
+    result = run_with_broken_rule(directory, original, broken)
     assert not result.ok
     assert failing_case in result.output
