@@ -2,7 +2,8 @@
 settings' `playbook_classes`, the default factory and loading a factory by `module:function`.
 
 `BUILTIN_PLAYBOOKS` lists the built-in classes (`semantic_rollback`, `freeze_writes`,
-`delta_log_replay`, `freeze_and_replay`, `reroute`, `spot_drain`, `rollback_candidate`).
+`delta_log_replay`, `freeze_and_replay`, `reroute`, `spot_drain`, `rollback_candidate`,
+`gpu_node_failure`).
 `load_playbook_classes(references)` adds to them every installed entry point of the group
 `redline.playbooks` (each entry a `Playbook` subclass, named like its playbook) and every
 `module:ClassName` reference of the `playbook_classes` setting: that `PlaybookClasses` is the
@@ -40,6 +41,7 @@ from redline.remediation.playbooks import (
     DeltaLogReplay,
     FreezeAndReplay,
     FreezeWrites,
+    GpuNodeFailure,
     Reroute,
     RollbackCandidate,
     SemanticRollback,
@@ -57,6 +59,7 @@ BUILTIN_PLAYBOOKS: tuple[type[Playbook], ...] = (
     Reroute,
     SpotDrain,
     RollbackCandidate,
+    GpuNodeFailure,
 )
 """The built-in playbook classes, in registration order."""
 

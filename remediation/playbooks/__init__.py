@@ -7,6 +7,7 @@
 | `reroute` | `region` | `reroute` |
 | `spot_drain` | `node` | `spot` (options: `playbook_options.spot_drain`, `SpotDrain.Options`) |
 | `rollback_candidate` | `model` | `candidate` |
+| `gpu_node_failure` | `node` | `gpu` (a `spot_drain` with a cordon; `GpuNodeFailure.Options`) |
 
 Each is built by its `from_settings` from a section of `RemediationSettings` (`serving`,
 `rollback`, `vector_index`, `reroute`) and talks to the platform through `redline.platform`
@@ -14,6 +15,7 @@ adapters or over HTTP (`serving`), never through `redline.exporters`.
 """
 
 from redline.remediation.playbooks.candidate import RollbackCandidate
+from redline.remediation.playbooks.gpu import GpuNodeFailure
 from redline.remediation.playbooks.index import DeltaLogReplay, FreezeAndReplay, FreezeWrites
 from redline.remediation.playbooks.reroute import Reroute
 from redline.remediation.playbooks.rollback import SemanticRollback
@@ -23,6 +25,7 @@ __all__ = [
     "DeltaLogReplay",
     "FreezeAndReplay",
     "FreezeWrites",
+    "GpuNodeFailure",
     "Reroute",
     "RollbackCandidate",
     "SemanticRollback",

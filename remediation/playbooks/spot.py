@@ -146,7 +146,7 @@ class SpotDrain(Playbook):
         if not gateways:
             raise PlaybookError(
                 f"{self.name}: not configured: set serving.gateway_url or "
-                "playbook_options.spot_drain.gateway_urls"
+                f"playbook_options.{self.name}.gateway_urls"
             )
         try:
             secret = read_secret(options.gateway_token_file, None, "gateway admin token")

@@ -203,21 +203,28 @@ def build_api_error(
         where = f" in {token_file}" if token_file is not None else ""
         return KubernetesError(
             f"kubernetes {access.verb} {access.kind}: 401 Unauthorized: the API server refused "
-            f"the token{where} (expired, revoked, or not a service-account token)"
+            f"the token{where} (expired, revoked, or not a service-account token)",
+            permanent=True,
         )
     if status == 403:
         return KubernetesError(
             f"kubernetes {access.verb} {access.kind}: 403 Forbidden: the service account may "
             f"not `{access.verb}` `{access.resource}`{scope}; grant it in its "
-            f"{'Role' if access.namespace else 'ClusterRole'} ({access.rule}). API: {message}"
+            f"{'Role' if access.namespace else 'ClusterRole'} ({access.rule}). API: {message}",
+            permanent=True,
         )
     if status == 404:
-        return KubernetesError(f"kubernetes {access.verb} {access.kind}: 404: not found{scope}")
+        return KubernetesError(
+            f"kubernetes {access.verb} {access.kind}: 404: not found{scope}", permanent=True
+        )
     if status == 409:
         return KubernetesConflictError(
             f"kubernetes {access.verb} {access.kind}: 409 Conflict: it changed since it was read"
         )
-    return KubernetesError(f"kubernetes {access.verb} {access.kind}: HTTP {status}: {message}")
+    return KubernetesError(
+        f"kubernetes {access.verb} {access.kind}: HTTP {status}: {message}",
+        permanent=status < 500 and status != 429,
+    )
 
 
 class KubernetesClient:

@@ -457,3 +457,11 @@ def test_merge_helpers_and_selectors() -> None:
     assert not match_labels("missing", labels)
     with pytest.raises(ValueError):
         match_labels("app=(", labels)
+
+
+@pytest.mark.parametrize(
+    ("status", "permanent"), [(400, True), (401, True), (403, True), (404, True), (409, False),
+                              (429, False), (500, False), (503, False)],
+)  # fmt: skip
+def test_refusals_are_permanent_and_busy_servers_are_not(status: int, permanent: bool) -> None:
+    assert build_api_error(Access("get", "nodes", "n1"), status, "").permanent is permanent

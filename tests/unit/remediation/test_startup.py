@@ -64,7 +64,11 @@ def test_playbooks_turned_off_are_not_checked(tmp_path: Path) -> None:
         )
     )
     settings = RemediationSettings(
-        spec=spec, policies={"spot_drain": PlaybookPolicy(mode="shadow")}
+        spec=spec,
+        policies={
+            "spot_drain": PlaybookPolicy(mode="shadow"),
+            "gpu_node_failure": PlaybookPolicy(mode="off"),
+        },
     )
     policies = load_policies(settings.spec, settings.profile, settings.policies)
     problems = build_startup_problems(open_registry(settings), policies)

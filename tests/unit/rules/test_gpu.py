@@ -106,8 +106,7 @@ def test_the_default_playbook_is_the_alert_catalogs(spec: Spec) -> None:
 
 
 def test_the_default_spec_validates_against_the_built_in_playbooks() -> None:
-    # The default spec does not spell the playbook (it is not registered yet): the model's
-    # default names it, and the names a spec spells are what the registry check reads.
+    # The default spec spells the playbook: the registry check reads the names a spec spells.
     assert load_spec(playbooks=PLAYBOOK_NAMES).spec.gpu.playbook == "gpu_node_failure"
 
 
