@@ -3,7 +3,7 @@ settings' `playbook_classes`, the default factory and loading a factory by `modu
 
 `BUILTIN_PLAYBOOKS` lists the built-in classes (`semantic_rollback`, `freeze_writes`,
 `delta_log_replay`, `freeze_and_replay`, `reroute`, `spot_drain`, `rollback_candidate`,
-`gpu_node_failure`).
+`gpu_node_failure`, `weights_resync`).
 `load_playbook_classes(references)` adds to them every installed entry point of the group
 `redline.playbooks` (each entry a `Playbook` subclass, named like its playbook) and every
 `module:ClassName` reference of the `playbook_classes` setting: that `PlaybookClasses` is the
@@ -46,6 +46,7 @@ from redline.remediation.playbooks import (
     RollbackCandidate,
     SemanticRollback,
     SpotDrain,
+    WeightsResync,
 )
 from redline.remediation.settings import RemediationSettings
 
@@ -60,6 +61,7 @@ BUILTIN_PLAYBOOKS: tuple[type[Playbook], ...] = (
     SpotDrain,
     RollbackCandidate,
     GpuNodeFailure,
+    WeightsResync,
 )
 """The built-in playbook classes, in registration order."""
 

@@ -106,6 +106,7 @@ class Alert(StrEnum):
         "ShardVerificationFailed",
         ("page",),
         "the newest verification of a weights version found a missing or damaged shard",
+        "weights_resync",
     )
     SESSION_RPO_BREACH = (
         "SessionRPOBreach",

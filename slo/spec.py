@@ -39,6 +39,7 @@ PLAYBOOK_NAMES: tuple[str, ...] = (
     "spot_drain",
     "rollback_candidate",
     "gpu_node_failure",
+    "weights_resync",
 )
 """The built-in playbooks' names. The playbook classes (`redline.remediation.catalog`) are the
 list; this copy exists for what must not import them: the pure layers (the remediation dashboard

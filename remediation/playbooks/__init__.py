@@ -8,6 +8,7 @@
 | `spot_drain` | `node` | `spot` (options: `playbook_options.spot_drain`, `SpotDrain.Options`) |
 | `rollback_candidate` | `model` | `candidate` |
 | `gpu_node_failure` | `node` | `gpu` (a `spot_drain` with a cordon; `GpuNodeFailure.Options`) |
+| `weights_resync` | `model` | `weights` (shards re-synced; `WeightsResync.Options`) |
 
 Each is built by its `from_settings` from a section of `RemediationSettings` (`serving`,
 `rollback`, `vector_index`, `reroute`) and talks to the platform through `redline.platform`
@@ -20,6 +21,7 @@ from redline.remediation.playbooks.index import DeltaLogReplay, FreezeAndReplay,
 from redline.remediation.playbooks.reroute import Reroute
 from redline.remediation.playbooks.rollback import SemanticRollback
 from redline.remediation.playbooks.spot import SpotDrain
+from redline.remediation.playbooks.weights import WeightsResync
 
 __all__ = [
     "DeltaLogReplay",
@@ -30,4 +32,5 @@ __all__ = [
     "RollbackCandidate",
     "SemanticRollback",
     "SpotDrain",
+    "WeightsResync",
 ]

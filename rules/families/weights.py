@@ -5,9 +5,10 @@ promtool cases that prove them.
   period, which the exporter publishes from its settings (ticket: the DEK still works); shards
   still encrypted under a DEK past retention, revoked or missing (page: they no longer decrypt,
   so the version cannot load);
-- `ShardVerificationFailed` (page): the newest verification of a version found a missing,
-  truncated or damaged shard (the activation that ran it fell back to the last verified
-  version; the version stays flagged until it is re-synced and verified again, or deleted);
+- `ShardVerificationFailed` (page, playbook `weights_resync`): the newest verification of a
+  version found a missing, truncated or damaged shard (the activation that ran it fell back to
+  the last verified version; the version stays flagged until it is re-synced and verified
+  again, or deleted);
 - `WeightShardSyncRPOBreach` (critical): a region has lacked a version for longer than the
   adapter RPO (`rpo.lora_adapter`): losing the source region now would lose weights older than
   the RPO.
@@ -104,8 +105,10 @@ def build_alerts(spec: Spec) -> tuple[AlertRule, ...]:
             "page",
             "Weights {{ $labels.model }} {{ $labels.model_version }} failed verification",
             "The newest verification found {{ $value }} problem(s) (a shard missing, truncated "
-            "or altered): the version is refused and the last verified one serves. Re-sync its "
-            "shards from a healthy region and verify it again.",
+            "or altered): the version is refused and the last verified one serves. Playbook "
+            f"{Alert.SHARD_VERIFICATION_FAILED.playbook} re-syncs its shards from a healthy "
+            "region and verifies it again.",
+            Alert.SHARD_VERIFICATION_FAILED.playbook,
         ),
         alert_rule(
             spec,

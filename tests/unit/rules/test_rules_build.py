@@ -112,6 +112,7 @@ def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
         'playbook="rollback_candidate"',
         'playbook="semantic_rollback"',
         'playbook="spot_drain"',
+        'playbook="weights_resync"',
     ]
     (receiver,) = config["receivers"]
     (webhook,) = receiver["webhook_configs"]
