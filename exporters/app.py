@@ -70,7 +70,6 @@ from redline.exporters.probe import Probe, ProbeCache, writes_canaries
 from redline.exporters.session_crdt import SessionCrdtProbe
 from redline.exporters.session_rpo import SessionRpoProbe
 from redline.exporters.settings import ExporterSettings
-from redline.exporters.weights import WeightsProbe
 from redline.platform.golden import GoldenSetError
 from redline.platform.index import DeltaLogError
 from redline.platform.lease import LeaseKeeper, RedisLease, default_owner
@@ -311,6 +310,10 @@ def build_probes(
             probes.append(SessionCrdtProbe.from_settings(settings.session_crdt))
         probes.extend(_drift_probes(settings, spec))
         if settings.weights.enabled:
+            # Imported here: the weights modules bring boto3, cryptography and python-pkcs11,
+            # which an exporter without the weights probe should not load at start-up.
+            from redline.exporters.weights import WeightsProbe
+
             probes.append(WeightsProbe(settings.weights))
     except (
         ValueError,

@@ -75,7 +75,12 @@ from redline.remediation.playbook import (
     StepResult,
     TransientError,
 )
-from redline.remediation.playbooks.spot import SpotDrain, SpotDrainOptions
+from redline.remediation.playbooks.spot import (
+    SpotDrain,
+    SpotDrainOptions,
+    build_drain_tail,
+    drain_handled,
+)
 
 DEFAULT_GPU_STATE_PREFIX = "redline:gpu"
 DEFAULT_GPU_TAINT_KEY = "redline.dev/gpu-failed"
@@ -138,11 +143,6 @@ class GpuNodeFailureOptions(SpotDrainOptions):
         return value
 
 
-def drain_handled(record: NodeRecord, since: float) -> bool:
-    """Whether a drain of the node started at or after `since` (the alert's start)."""
-    return record.draining_at is not None and record.draining_at >= since
-
-
 def build_gpu_plan(
     node: str, upstream: str, tainted: bool, record: NodeRecord, since: float
 ) -> list[PlannedStep]:
@@ -161,16 +161,7 @@ def build_gpu_plan(
                 {**info, "since": since},
             )
         )
-    if not handled or record.state in (NodeState.DRAINING, NodeState.TERMINATING):
-        steps.append(PlannedStep("wait_drained", f"wait until nothing runs on {upstream}", info))
-        steps.append(
-            PlannedStep(
-                "recover",
-                f"wait for {upstream}'s replacement to pass the readiness gate, then reopen its "
-                "admission",
-                info,
-            )
-        )
+    steps.extend(build_drain_tail(upstream, record, handled, info))
     if not steps:
         steps.append(
             PlannedStep("check", f"{node} already cordoned and {upstream} recovered", info, True)
@@ -364,5 +355,4 @@ __all__ = [
     "GpuNodeFailureOptions",
     "build_gpu_plan",
     "build_notice",
-    "drain_handled",
 ]

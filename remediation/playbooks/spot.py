@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import redis
@@ -42,6 +42,7 @@ from redline.platform.routing import RoutingError, RoutingStore
 from redline.platform.spot import (
     DEFAULT_STATE_PREFIX,
     GatewayAdmin,
+    NodeRecord,
     NodeState,
     ReadinessGate,
     SpotAgentError,
@@ -80,6 +81,28 @@ class SpotDrainOptions(BaseModel):
         None, gt=0, description="Longest wait for the replacement (default: the spec's)."
     )
     poll_seconds: float = Field(0.25, gt=0, description="Poll interval of the waits.")
+
+
+def drain_handled(record: NodeRecord, since: float) -> bool:
+    """Whether a drain of the node started at or after `since` (its notice, or the alert)."""
+    return record.draining_at is not None and record.draining_at >= since
+
+
+def build_drain_tail(
+    target: str, record: NodeRecord, handled: bool, info: dict[str, Any]
+) -> list[PlannedStep]:
+    """`wait_drained` and `recover`, while the drain is not handled yet or still in progress."""
+    if handled and record.state not in (NodeState.DRAINING, NodeState.TERMINATING):
+        return []
+    return [
+        PlannedStep("wait_drained", f"wait until nothing runs on {target}", info),
+        PlannedStep(
+            "recover",
+            f"wait for {target}'s replacement to pass the readiness gate, then reopen its "
+            "admission",
+            info,
+        ),
+    ]
 
 
 class SpotDrain(Playbook):
@@ -194,7 +217,7 @@ class SpotDrain(Playbook):
             record = flow.record()
             if notice is None:
                 raise PlaybookError(f"{self.name}: node {node} has no stored notice to drain")
-            handled = record.draining_at is not None and record.draining_at >= notice.detected_at
+            handled = drain_handled(record, notice.detected_at)
             budget = (
                 flow.spot.drain_budget(notice.provider) if notice.provider != "manual" else None
             )
@@ -209,16 +232,7 @@ class SpotDrain(Playbook):
                     {**info, "notice_detected_at": notice.detected_at},
                 )
             )
-        if not handled or record.state in (NodeState.DRAINING, NodeState.TERMINATING):
-            steps.append(PlannedStep("wait_drained", f"wait until nothing runs on {node}", info))
-            steps.append(
-                PlannedStep(
-                    "recover",
-                    f"wait for {node}'s replacement to pass the readiness gate, then reopen "
-                    "its admission",
-                    info,
-                )
-            )
+        steps.extend(build_drain_tail(node, record, handled, info))
         if not steps:
             steps.append(PlannedStep("recover", f"{node} already recovered from its notice", info))
         return steps
@@ -285,4 +299,4 @@ class SpotDrain(Playbook):
         )
 
 
-__all__ = ["SpotDrain", "SpotDrainOptions"]
+__all__ = ["build_drain_tail", "drain_handled", "SpotDrain", "SpotDrainOptions"]
