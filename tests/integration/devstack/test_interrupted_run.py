@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,18 +57,32 @@ def _alive(pids: list[int]) -> list[int]:
     return alive
 
 
+@dataclass(frozen=True)
+class Run:
+    """The interrupted run: its runner process and the file its output goes to."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def ended(self) -> str:
+        """Why the run ended early: its exit code and the last lines it printed."""
+        tail = self.log.read_text(errors="replace").splitlines()[-40:]
+        code = self.process.returncode
+        return f"the run ended before its stack came up: {code}\n" + "\n".join(tail)
+
+
 @pytest.fixture()
-def run() -> Iterator[subprocess.Popen[bytes]]:
+def run(tmp_path: Path) -> Iterator[Run]:
     """`python -m tests.run` on one test of the shared e2e stack, until that stack is up."""
     env = {**os.environ, "PYTEST_WORKERS": "1"}
     env.pop("REDLINE_OWNER", None)  # the run is a suite of its own, as `make test` starts it
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.run", E2E_TEST, "-p", "no:cacheprovider"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    with (tmp_path / "run.log").open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.run", E2E_TEST, "-p", "no:cacheprovider"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     try:
-        yield process
+        yield Run(process, tmp_path / "run.log")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -86,14 +101,14 @@ def _run_dir(pids: list[int]) -> Path | None:
     return None
 
 
-def _stack_up(run: subprocess.Popen[bytes]) -> tuple[set[int], list[int]]:
+def _stack_up(run: Run) -> tuple[set[int], list[int]]:
     """Wait until the run's stack is up and recorded as running; the run's pytest pids and
     every process they started."""
     deadline = time.monotonic() + 300
     run_dir = None
     while time.monotonic() < deadline:
-        assert run.poll() is None, f"the run ended before its stack came up: {run.returncode}"
-        pytests = set(_children(run.pid))
+        assert run.process.poll() is None, run.ended()
+        pytests = set(_children(run.process.pid))
         parts = _under(pytests)
         run_dir = _run_dir(parts) or run_dir
         state = read_state(StackLayout(run_dir)) if run_dir is not None else None
@@ -110,24 +125,22 @@ def _gone(pids: list[int], within: float) -> list[int]:
     return _alive(pids)
 
 
-def test_sigterm_to_the_runner_stops_the_stack(run: subprocess.Popen[bytes]) -> None:
+def test_sigterm_to_the_runner_stops_the_stack(run: Run) -> None:
     pytests, parts = _stack_up(run)
-    os.kill(run.pid, signal.SIGTERM)
-    run.wait(timeout=240)
+    os.kill(run.process.pid, signal.SIGTERM)
+    run.process.wait(timeout=240)
     # The stack's own parts (and anything started since) are gone, not only the ones seen.
     assert not _gone(parts, 30), f"survived the interrupted run: {_alive(parts)}"
     assert not _alive(_under(pytests))
 
 
-def test_a_run_killed_outright_leaves_nothing_once_its_tethers_act(
-    run: subprocess.Popen[bytes],
-) -> None:
+def test_a_run_killed_outright_leaves_nothing_once_its_tethers_act(run: Run) -> None:
     pytests, parts = _stack_up(run)
     # The runner, then each pytest part with its workers (each part leads a group of its own).
-    os.killpg(run.pid, signal.SIGKILL)
+    os.killpg(run.process.pid, signal.SIGKILL)
     for pid in _alive(sorted(pytests)):
         os.killpg(pid, signal.SIGKILL)
-    run.wait()
+    run.process.wait()
     assert not _gone(parts, 30), f"survived the killed run: {_alive(parts)}"
 
 
