@@ -40,6 +40,12 @@ BENCHMARKS = (
         "bench.rules_cost",
     ),
     Benchmark(
+        "slo_detection",
+        "SLO burn-rate detection time: redline's rules vs Sloth's golden output, one promtool run "
+        "per scenario",
+        "bench.slo_detection",
+    ),
+    Benchmark(
         "promptlog",
         "prompt-log trace-back via the index vs a full scan; tamper detection",
         "bench.promptlog",
