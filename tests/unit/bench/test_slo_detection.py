@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from bench import slo_detection as sd
+from redline.slo import catalog
 from redline.slo.load import load_spec
 
 # What promtool 2.42 prints for two evaluations at which alerts fired against `exp_alerts: []`.
@@ -84,8 +85,9 @@ def test_both_sides_see_the_same_requests_and_errors(scenario: sd.Scenario) -> N
     ours = {k: _totals(v) for k, v in sd.redline_series(spec, scenario).items()}
     sloth_errors = sum(v for k, v in sloth.items() if 'code="500"' in k)
     sloth_requests = sum(sloth.values())
-    our_errors = sum(v for k, v in ours.items() if k.startswith("llm_request_errors_total"))
-    our_requests = sum(v for k, v in ours.items() if k.startswith("llm_requests_total"))
+    errors, requests = str(catalog.LLM_REQUEST_ERRORS_TOTAL), str(catalog.LLM_REQUESTS_TOTAL)
+    our_errors = sum(v for k, v in ours.items() if k.startswith(errors + "{"))
+    our_requests = sum(v for k, v in ours.items() if k.startswith(requests + "{"))
     assert sloth_requests == pytest.approx(our_requests)
     assert sloth_errors == pytest.approx(our_errors)
     expected = scenario.per_minute * scenario.bad_share * scenario.bad_minutes

@@ -195,7 +195,9 @@ def test_contains_finds_the_words_anywhere_in_order(
 ) -> None:
     expected = " ".join(phrase)
     assert match(f"{before} {expected.upper()}, {after}", expected, "contains")
-    if len(phrase) > 1 and len(set(phrase)) == len(phrase):
+    # Distinct as the match sees them: it compares normal forms (case folded), so "J j" is one
+    # word twice and reads the same backwards.
+    if len(phrase) > 1 and len({normalize(word) for word in phrase}) == len(phrase):
         backwards = " ".join(reversed(phrase))
         assert not match(backwards, expected, "contains")
 
