@@ -314,7 +314,7 @@ def build_probes(
             # which an exporter without the weights probe should not load at start-up.
             from redline.exporters.weights import WeightsProbe
 
-            probes.append(WeightsProbe(settings.weights))
+            probes.append(WeightsProbe(settings.weights, spec.weights))
     except (
         ValueError,
         DriftError,

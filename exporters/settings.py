@@ -104,7 +104,8 @@ class WeightsSection(ProbeSection):
         (), description="Regions the weights are synced to (their sync tables in `store`)."
     )
     keyrings: tuple[KeyringSettings, ...] = Field(
-        (KeyringSettings(),), description="Keyrings, each with its rotation and retention."
+        (KeyringSettings(),),
+        description="Keyrings by name (rotation and retention: the spec's weights: section).",
     )
     adapters: tuple[str, ...] = Field(
         (), description="LoRA adapters whose checkpoint must exist; empty: every one found."

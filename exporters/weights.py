@@ -2,6 +2,10 @@
 retention, verification verdicts, per-region sync lag, and LoRA checkpoint age from object
 versions.
 
+The DEK rotation period and retention are the spec's (`weights.dek_rotation_hours`,
+`weights.dek_retention_days`): the probe publishes that rotation period beside each keyring's
+DEK age, so `DEKRotationOverdue` and the `weights_rotate` playbook judge by the same number.
+
 It reads the source region's bucket only (records, manifests, verdicts, sync tables, object
 versions) and never unwraps a DEK: monitoring needs no KEK and no HSM login. The checkpoint age
 is published as `model_checkpoint_last_success_timestamp_seconds` (the newest object version's
@@ -25,7 +29,6 @@ from redline.platform.weights.keyring import (
     load_dek_records,
 )
 from redline.platform.weights.records import RecordStore
-from redline.platform.weights.settings import KeyringSettings
 from redline.platform.weights.shards import (
     VerificationReport,
     list_versions,
@@ -34,6 +37,7 @@ from redline.platform.weights.shards import (
 )
 from redline.platform.weights.sync import RegionLag, build_region_lag, load_sync_table
 from redline.slo import catalog
+from redline.slo.spec import Weights
 
 if TYPE_CHECKING:  # boto3 is imported when a probe is built, not with the exporter's settings
     from redline.platform.weights.checkpoints import CheckpointAge
@@ -63,7 +67,9 @@ class WeightsFigures:
     """What the probe read at one moment, before it becomes samples."""
 
     now: float
-    keyrings: dict[str, tuple[KeyringSettings, KeyringFigures]] = field(default_factory=dict)
+    policy: Weights = field(default_factory=Weights)
+    """The spec's DEK rotation and retention the keyring figures were judged by."""
+    keyrings: dict[str, KeyringFigures] = field(default_factory=dict)
     verdicts: dict[tuple[str, str], VerificationReport] = field(default_factory=dict)
     """(model, version) -> its newest verification report (unverified versions left out)."""
     lags: dict[str, dict[str, RegionLag]] = field(default_factory=dict)
@@ -75,9 +81,11 @@ def fetch_weights_figures(
     store: RecordStore,
     settings: WeightsSection,
     now: float,
+    policy: Weights,
     checkpoint_ages: Callable[[], dict[str, CheckpointAge]] | None = None,
 ) -> WeightsFigures:
-    """Read keyrings, verdicts, sync tables and (with `checkpoint_ages`) checkpoint versions."""
+    """Read keyrings (judged by the spec's `policy`), verdicts, sync tables and (with
+    `checkpoint_ages`) checkpoint versions."""
     # Distinct shard objects per keyring: versions share the shards they did not change.
     shards: dict[str, dict[str, int]] = {k.name: {} for k in settings.keyrings}
     verdicts: dict[tuple[str, str], VerificationReport] = {}
@@ -93,14 +101,13 @@ def fetch_weights_figures(
         tables = {region: load_sync_table(store, model, region) for region in settings.regions}
         lags[model] = build_region_lag(manifests, tables, now)
     keyrings = {
-        k.name: (
-            k,
-            build_keyring_figures(load_dek_records(store, k.name), k, now, shards[k.name].values()),
+        k.name: build_keyring_figures(
+            load_dek_records(store, k.name), policy, now, shards[k.name].values()
         )
         for k in settings.keyrings
     }
     checkpoints = checkpoint_ages() if checkpoint_ages is not None else {}
-    return WeightsFigures(now, keyrings, verdicts, lags, checkpoints)
+    return WeightsFigures(now, policy, keyrings, verdicts, lags, checkpoints)
 
 
 def build_weights_samples(figures: WeightsFigures, adapters: Sequence[str] = ()) -> list[Sample]:
@@ -110,8 +117,8 @@ def build_weights_samples(figures: WeightsFigures, adapters: Sequence[str] = ())
     def add(metric: catalog.Metric, value: float, **labels: str) -> None:
         samples.append(Sample(metric.family, value, labels))
 
-    for name, (settings, keys) in sorted(figures.keyrings.items()):
-        add(catalog.WEIGHTS_DEK_ROTATION_SECONDS, settings.rotation_hours * 3600.0, keyring=name)
+    for name, keys in sorted(figures.keyrings.items()):
+        add(catalog.WEIGHTS_DEK_ROTATION_SECONDS, figures.policy.rotation_seconds, keyring=name)
         if keys.current_age_seconds is not None:
             add(catalog.WEIGHTS_DEK_AGE_SECONDS, keys.current_age_seconds, keyring=name)
         if keys.seconds_to_rotation is not None:
@@ -149,6 +156,7 @@ class WeightsProbe:
     def __init__(
         self,
         settings: WeightsSection,
+        policy: Weights,
         store: RecordStore | None = None,
         clock: Callable[[], float] = time.time,
         name: str = "weights",
@@ -156,6 +164,7 @@ class WeightsProbe:
         if store is None and settings.store is None:
             raise ValueError("weights.store is required when weights.enabled is true")
         self.settings = settings
+        self.policy = policy
         self.store = store
         self.clock = clock
         self.interval_seconds = settings.interval_seconds
@@ -182,7 +191,7 @@ class WeightsProbe:
         if self.settings.checkpoints and isinstance(store, S3RecordStore):
             wanted = self.settings.adapters or None
             ages = lambda: fetch_checkpoint_ages(store, wanted, now)  # noqa: E731
-        figures = fetch_weights_figures(store, self.settings, now, ages)
+        figures = fetch_weights_figures(store, self.settings, now, self.policy, ages)
         return build_weights_samples(figures, self.settings.adapters)
 
 

@@ -3,7 +3,7 @@ settings' `playbook_classes`, the default factory and loading a factory by `modu
 
 `BUILTIN_PLAYBOOKS` lists the built-in classes (`semantic_rollback`, `freeze_writes`,
 `delta_log_replay`, `freeze_and_replay`, `reroute`, `spot_drain`, `rollback_candidate`,
-`gpu_node_failure`, `weights_resync`).
+`gpu_node_failure`, `weights_resync`, `weights_rotate`).
 `load_playbook_classes(references)` adds to them every installed entry point of the group
 `redline.playbooks` (each entry a `Playbook` subclass, named like its playbook) and every
 `module:ClassName` reference of the `playbook_classes` setting: that `PlaybookClasses` is the
@@ -47,6 +47,7 @@ from redline.remediation.playbooks import (
     SemanticRollback,
     SpotDrain,
     WeightsResync,
+    WeightsRotate,
 )
 from redline.remediation.settings import RemediationSettings
 
@@ -62,6 +63,7 @@ BUILTIN_PLAYBOOKS: tuple[type[Playbook], ...] = (
     RollbackCandidate,
     GpuNodeFailure,
     WeightsResync,
+    WeightsRotate,
 )
 """The built-in playbook classes, in registration order."""
 

@@ -99,8 +99,9 @@ class Alert(StrEnum):
     DEK_ROTATION_OVERDUE = (
         "DEKRotationOverdue",
         ("ticket", "page"),
-        "a keyring's DEK past its rotation period (ticket), or shards under a DEK past "
-        "retention, which no longer decrypt (page)",
+        "a keyring's DEK past its rotation period (ticket; the playbook rotates it), or shards "
+        "under a DEK past retention, which no longer decrypt (page; humans only)",
+        "weights_rotate",
     )
     SHARD_VERIFICATION_FAILED = (
         "ShardVerificationFailed",

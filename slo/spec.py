@@ -40,6 +40,7 @@ PLAYBOOK_NAMES: tuple[str, ...] = (
     "rollback_candidate",
     "gpu_node_failure",
     "weights_resync",
+    "weights_rotate",
 )
 """The built-in playbooks' names. The playbook classes (`redline.remediation.catalog`) are the
 list; this copy exists for what must not import them: the pure layers (the remediation dashboard
@@ -1192,6 +1193,42 @@ class Gpu(_Model):
         return value
 
 
+class Weights(_Model):
+    """Encrypted model weights on object storage: how long a data-encryption key (DEK) encrypts
+    new shards, and how long a retired one still decrypts the shards written under it.
+
+    The one source of both: the weights exporter publishes the rotation period the
+    `DEKRotationOverdue` rules compare the DEK's age with, and every keyring the exporter and
+    the weights playbooks build rotates and retires by these two numbers."""
+
+    dek_rotation_hours: float = Field(
+        72,
+        ge=1,
+        le=8760,
+        description=f"A keyring's current DEK older than this is rotated (playbook "
+        f"weights_rotate) and fires {alerts.Alert.DEK_ROTATION_OVERDUE} (ticket); 1 h to a "
+        "year (8760 h).",
+    )
+    dek_retention_days: float = Field(
+        30,
+        ge=1,
+        le=3650,
+        description="A retired DEK still decrypts the shards written under it this long after "
+        f"its retirement; after that those shards fire {alerts.Alert.DEK_ROTATION_OVERDUE} "
+        "(page) until they are re-encrypted; 1 day to 10 years (3650 days).",
+    )
+
+    @property
+    def rotation_seconds(self) -> float:
+        """`dek_rotation_hours` in seconds."""
+        return self.dek_rotation_hours * 3600.0
+
+    @property
+    def retention_seconds(self) -> float:
+        """`dek_retention_days` in seconds."""
+        return self.dek_retention_days * 86400.0
+
+
 class Spec(_Model):
     """The whole spec file."""
 
@@ -1243,6 +1280,10 @@ class Spec(_Model):
         default_factory=Gpu,
         description="GPU health from dcgm-exporter and kube-state-metrics: XIDs, memory, "
         "temperature, NVLink, GPU nodes and their pods.",
+    )
+    weights: Weights = Field(
+        default_factory=Weights,
+        description="Encrypted weights: DEK rotation period and how long a retired DEK decrypts.",
     )
 
     @field_validator("regions")

@@ -9,6 +9,7 @@
 | `rollback_candidate` | `model` | `candidate` |
 | `gpu_node_failure` | `node` | `gpu` (a `spot_drain` with a cordon; `GpuNodeFailure.Options`) |
 | `weights_resync` | `model` | `weights` (shards re-synced; `WeightsResync.Options`) |
+| `weights_rotate` | `keyring` | `weights_rotate` (DEK rotated; `WeightsRotate.Options`) |
 
 Each is built by its `from_settings` from a section of `RemediationSettings` (`serving`,
 `rollback`, `vector_index`, `reroute`) and talks to the platform through `redline.platform`
@@ -22,6 +23,7 @@ from redline.remediation.playbooks.reroute import Reroute
 from redline.remediation.playbooks.rollback import SemanticRollback
 from redline.remediation.playbooks.spot import SpotDrain
 from redline.remediation.playbooks.weights import WeightsResync
+from redline.remediation.playbooks.weights_rotate import WeightsRotate
 
 __all__ = [
     "DeltaLogReplay",
@@ -33,4 +35,5 @@ __all__ = [
     "SemanticRollback",
     "SpotDrain",
     "WeightsResync",
+    "WeightsRotate",
 ]

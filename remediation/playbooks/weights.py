@@ -25,9 +25,10 @@ Shadow mode runs the plan only (both changing steps are recorded as what they wo
 Options (`playbook_options.weights_resync`, `WeightsResync.Options`): `store` (the copy that
 failed; None: the playbook is not configured and the receiver still starts, a job reaching it
 fails naming the field), `region`, `sources` (healthy regions, tried in order), `pkcs11_module`,
-`token_label`, `kek_label`, `pin_file`, `keyring`. S3 credentials come from the standard boto3
-chain (environment, shared files, instance role; each store's `profile`), the PIN from
-`pin_file`.
+`token_label`, `kek_label`, `pin_file`. The DEK retention verification honours is the spec's
+`weights.dek_retention_days` (read at start-up, with the settings' profile). S3 credentials
+come from the standard boto3 chain (environment, shared files, instance role; each store's
+`profile`), the PIN from `pin_file`.
 """
 
 from __future__ import annotations
@@ -73,16 +74,20 @@ from redline.remediation.playbook import (
     Playbook,
     PlaybookContext,
     PlaybookError,
+    RegistryError,
     StepResult,
     TransientError,
 )
 from redline.remediation.settings import RemediationSettings
+from redline.slo.load import SpecError, apply_profile, load_spec
+from redline.slo.spec import Weights
 
 NAME = "weights_resync"
 VERSION_LABEL = "model_version"
 _WHERE = f"playbook_options.{NAME}"
-_HSM = threading.Lock()
-"""PKCS#11 login is per process and token: the worker's threads take turns."""
+HSM_LOCK = threading.Lock()
+"""PKCS#11 login is per process and token: the worker's threads, whichever weights playbook
+they run, take turns (`weights_rotate` takes this lock too)."""
 
 
 class WeightsResyncOptions(BaseModel):
@@ -107,10 +112,6 @@ class WeightsResyncOptions(BaseModel):
     token_label: str | None = Field(None, min_length=1, description="Token holding the KEK.")
     kek_label: str | None = Field(None, min_length=1, description="Label of the AES KEK.")
     pin_file: Path | None = Field(None, description="File holding the token's user PIN.")
-    keyring: KeyringSettings = Field(
-        default_factory=KeyringSettings,
-        description="DEK lifecycle (retention) for verification; its name is the manifest's.",
-    )
 
     @model_validator(mode="after")
     def _distinct(self) -> WeightsResyncOptions:
@@ -128,6 +129,15 @@ class WeightsResyncOptions(BaseModel):
             if same:
                 raise ValueError(f"sources: {', '.join(same)} name the store's own bucket")
         return self
+
+
+def load_weights_policy(settings: RemediationSettings) -> Weights:
+    """The spec's `weights:` section (with the settings' profile); RegistryError naming the
+    spec's problems."""
+    try:
+        return apply_profile(load_spec(settings.spec).spec, settings.profile).weights
+    except SpecError as exc:
+        raise RegistryError("playbooks: the spec: " + "; ".join(exc.problems)) from None
 
 
 def verdict_passed(manifest: ShardManifest | None, verdict: VerificationReport | None) -> bool:
@@ -179,13 +189,15 @@ class WeightsResync(Playbook):
     target_label = "model"
     Options = WeightsResyncOptions
 
-    def __init__(self, options: WeightsResyncOptions) -> None:
+    def __init__(self, options: WeightsResyncOptions, policy: Weights | None = None) -> None:
         self.options = options
+        self.policy = policy or Weights()
 
     @classmethod
     def from_settings(cls, settings: RemediationSettings, options: WeightsResyncOptions) -> Self:
-        """The playbook on its options (the stores are opened per step)."""
-        return cls(options)
+        """The playbook on its options and the spec's DEK retention (the stores are opened per
+        step); RegistryError naming the spec's problems."""
+        return cls(options, load_weights_policy(settings))
 
     def settings_problems(self) -> Sequence[str]:
         """Nothing while `store` is unset (a receiver without object storage starts); else
@@ -351,12 +363,14 @@ class WeightsResync(Playbook):
                 manifest = load_manifest(store, model, version)
             except ManifestError as exc:
                 return StepResult.failure(str(exc))
-            keyring_settings = self.options.keyring.model_copy(update={"name": manifest.keyring})
-            with _HSM:
+            keyring_settings = KeyringSettings(name=manifest.keyring)
+            with HSM_LOCK:
                 try:
                     with open_pkcs11_key_wrapper(pkcs11) as wrapper:
                         report = verify_full(
-                            store, Keyring(store, wrapper, keyring_settings), manifest
+                            store,
+                            Keyring(store, wrapper, keyring_settings, policy=self.policy),
+                            manifest,
                         )
                 except (KeyWrapError, KeyringError) as exc:
                     raise PlaybookError(f"{self.name}: {exc}") from None
@@ -394,4 +408,11 @@ class WeightsResync(Playbook):
         )
 
 
-__all__ = ["WeightsResync", "WeightsResyncOptions", "build_resync_plan", "verdict_passed"]
+__all__ = [
+    "HSM_LOCK",
+    "WeightsResync",
+    "WeightsResyncOptions",
+    "build_resync_plan",
+    "load_weights_policy",
+    "verdict_passed",
+]

@@ -1,8 +1,9 @@
 """Encrypted model weights on object storage (`redline.exporters.weights`): alerts, and the
 promtool cases that prove them.
 
-- `DEKRotationOverdue` (`cause`): a keyring's current DEK older than the keyring's rotation
-  period, which the exporter publishes from its settings (ticket: the DEK still works); shards
+- `DEKRotationOverdue` (`cause`): a keyring's current DEK older than the rotation period, which
+  the exporter publishes from the spec's `weights.dek_rotation_hours` (ticket, playbook
+  `weights_rotate`: the DEK still works, a new one is made and wrapped by the KEK); shards
   still encrypted under a DEK past retention, revoked or missing (page: they no longer decrypt,
   so the version cannot load);
 - `ShardVerificationFailed` (page, playbook `weights_resync`): the newest verification of a
@@ -81,8 +82,12 @@ def build_alerts(spec: Spec) -> tuple[AlertRule, ...]:
             0,
             "ticket",
             "Keyring {{ $labels.keyring }} is overdue for DEK rotation",
-            "Its current DEK is {{ $value | humanizeDuration }} old, past the keyring's rotation "
-            "period: rotate it (`Keyring.rotate`) and re-wrap new shards under the new DEK.",
+            "Its current DEK is {{ $value | humanizeDuration }} old, past the rotation period "
+            f"({number(spec.weights.dek_rotation_hours)} h, spec weights.dek_rotation_hours). "
+            f"Playbook {Alert.DEK_ROTATION_OVERDUE.playbook} makes a new DEK wrapped by the KEK; "
+            "the old one retires and still decrypts its shards for "
+            f"{number(spec.weights.dek_retention_days)} days.",
+            Alert.DEK_ROTATION_OVERDUE.playbook,
             cause="rotation",
         ),
         alert_rule(
@@ -133,7 +138,7 @@ def build_tests(spec: Spec, alerts: AlertIndex) -> list[Case]:
     """Each alert over its line fires and at its line stays silent; a DEK rotated in time, a
     verified version and a region holding every version stay silent."""
     day = 86400.0
-    rotation = 72 * 3600.0
+    rotation = spec.weights.rotation_seconds
     rpo = spec.rpo.lora_adapter
     steps = 20
     at = 600

@@ -37,7 +37,8 @@ class TokenNotFoundError(KeyWrapError):
 
 
 class TokenLoginError(KeyWrapError):
-    """The token refused the PIN, or its PIN is locked or not initialised."""
+    """No user can log in: the token refused the PIN, its user PIN is locked, expired or not
+    initialised, or the token is not initialised or in an error state."""
 
 
 class KekNotFoundError(KeyWrapError):

@@ -6,11 +6,16 @@ KEK (`keys.KeyWrapper`); the plain DEK exists only in memory, unwrapped through 
 on every use. States (`build_dek_state`):
 
 - current: the newest DEK that is neither retired nor revoked; it encrypts new shards. Once it is
-  `rotation_hours` (72) old, `current()` makes the next version and retires it.
-- retired: decrypts older shards for `retention_days` (30) after its retirement,
+  the spec's `weights.dek_rotation_hours` (72) old, `current()` makes the next version and
+  retires it.
+- retired: decrypts older shards for `weights.dek_retention_days` (30) after its retirement,
 - expired: after that it decrypts nothing (DekExpiredError): shards still under it must have
   been re-encrypted (`build_keyring_figures` counts those that were not),
 - revoked: decrypts nothing, at once (DekRevokedError).
+
+Both periods come from the spec (`redline.slo.spec.Weights`): the service that builds a keyring
+passes `spec.weights`; without it a keyring takes the spec's defaults, the same numbers as a spec
+without a `weights:` section.
 
 Writers race with conditional writes: two processes rotating at once create one new version
 (the loser reads the winner's), and a crash between creating a DEK and retiring the old one
@@ -39,6 +44,7 @@ from redline.platform.weights.errors import (
 from redline.platform.weights.keys import DEK_BYTES, KeyWrapper
 from redline.platform.weights.records import RecordStore, encode_part
 from redline.platform.weights.settings import KeyringSettings
+from redline.slo.spec import Weights
 
 log = logging.getLogger(__name__)
 
@@ -83,33 +89,33 @@ class KeyringFigures:
     """Shards whose DEK is expired or revoked (or unknown): they no longer decrypt."""
 
 
-def build_dek_state(record: DekRecord, settings: KeyringSettings, now: float) -> DekState:
-    """The lifecycle state of a DEK record at `now`."""
+def build_dek_state(record: DekRecord, policy: Weights, now: float) -> DekState:
+    """The lifecycle state of a DEK record at `now` under the spec's `weights` periods."""
     if record.revoked_at is not None and record.revoked_at <= now:
         return "revoked"
     if record.retired_at is None or record.retired_at > now:
         return "current"
-    if now > record.retired_at + settings.retention_days * 86400.0:
+    if now > record.retired_at + policy.retention_seconds:
         return "expired"
     return "retired"
 
 
 def build_keyring_figures(
     records: Iterable[DekRecord],
-    settings: KeyringSettings,
+    policy: Weights,
     now: float,
     shard_key_versions: Iterable[int] = (),
 ) -> KeyringFigures:
     """Age of the current DEK, seconds to its rotation, versions by state and the shards whose
     DEK is past retention (expired, revoked or missing)."""
     records = sorted(records, key=lambda r: r.version)
-    states = {r.version: build_dek_state(r, settings, now) for r in records}
+    states = {r.version: build_dek_state(r, policy, now) for r in records}
     by_state: dict[str, list[int]] = {s: [] for s in ("current", "retired", "expired", "revoked")}
     for version, state in states.items():
         by_state[state].append(version)
     current = next((r for r in reversed(records) if states[r.version] == "current"), None)
     age = None if current is None else max(0.0, now - current.created_at)
-    to_rotation = None if age is None else max(0.0, settings.rotation_hours * 3600.0 - age)
+    to_rotation = None if age is None else max(0.0, policy.rotation_seconds - age)
     shards: dict[int, int] = {}
     for version in shard_key_versions:
         shards[version] = shards.get(version, 0) + 1
@@ -166,7 +172,8 @@ def load_dek_records(store: RecordStore, keyring: str) -> list[DekRecord]:
 
 
 class Keyring:
-    """The DEKs of one keyring in a record store, wrapped by one KEK."""
+    """The DEKs of one keyring in a record store, wrapped by one KEK, rotated and retired by
+    `policy` (the spec's `weights` section)."""
 
     def __init__(
         self,
@@ -174,10 +181,12 @@ class Keyring:
         wrapper: KeyWrapper,
         settings: KeyringSettings | None = None,
         clock: Callable[[], float] = time.time,
+        policy: Weights | None = None,
     ) -> None:
         self.store = store
         self.wrapper = wrapper
         self.settings = settings or KeyringSettings()
+        self.policy = policy or Weights()
         self._clock = clock
 
     @property
@@ -207,7 +216,7 @@ class Keyring:
 
     def state(self, record: DekRecord, now: float | None = None) -> DekState:
         """The record's lifecycle state now."""
-        return build_dek_state(record, self.settings, self._clock() if now is None else now)
+        return build_dek_state(record, self.policy, self._clock() if now is None else now)
 
     def _unwrap(self, record: DekRecord) -> Dek:
         if record.kek_id != self.wrapper.kek_id:
@@ -274,13 +283,13 @@ class Keyring:
             self._update(record.version, retire)
 
     def current(self, now: float | None = None) -> Dek:
-        """The DEK that encrypts new shards, rotated when `rotation_hours` old (or missing,
+        """The DEK that encrypts new shards, rotated when `dek_rotation_hours` old (or missing,
         or revoked)."""
         now = self._clock() if now is None else now
         records = self.records()
-        usable = [r for r in records if build_dek_state(r, self.settings, now) == "current"]
+        usable = [r for r in records if build_dek_state(r, self.policy, now) == "current"]
         newest = usable[-1] if usable else None
-        if newest is None or now - newest.created_at >= self.settings.rotation_hours * 3600.0:
+        if newest is None or now - newest.created_at >= self.policy.rotation_seconds:
             newest = self._create(max((r.version for r in records), default=0) + 1, now)
         self._retire_older(records, newest)
         return self._unwrap(newest)
@@ -298,7 +307,7 @@ class Keyring:
         decrypt nothing any more."""
         now = self._clock() if now is None else now
         record = self.record(version)
-        state = build_dek_state(record, self.settings, now)
+        state = build_dek_state(record, self.policy, now)
         if state == "revoked":
             raise DekRevokedError(
                 f"DEK {self.name!r} v{version} was revoked at {record.revoked_at:.0f}"
@@ -310,7 +319,8 @@ class Keyring:
             raise DekExpiredError(
                 f"DEK {self.name!r} v{version} expired: retired at {record.retired_at:.0f}, "
                 f"{(now - record.retired_at) / 86400.0:.1f} days ago, past the "
-                f"{self.settings.retention_days:g}-day retention (setting retention_days)"
+                f"{self.policy.dek_retention_days:g}-day retention (spec "
+                "weights.dek_retention_days)"
             )
         return self._unwrap(record)
 
@@ -330,7 +340,7 @@ class Keyring:
         that unwraps with it. Expired and revoked DEKs are left as they are."""
         now = self._clock() if now is None else now
         for record in self.records():
-            if build_dek_state(record, self.settings, now) in ("expired", "revoked"):
+            if build_dek_state(record, self.policy, now) in ("expired", "revoked"):
                 continue
             if record.kek_id == new_wrapper.kek_id:
                 continue
@@ -345,11 +355,11 @@ class Keyring:
                 return current.model_copy(update={"wrapped": blob, "kek_id": kek_id})
 
             self._update(record.version, rewrapped)
-        return Keyring(self.store, new_wrapper, self.settings, self._clock)
+        return Keyring(self.store, new_wrapper, self.settings, self._clock, self.policy)
 
     def figures(
         self, shard_key_versions: Iterable[int] = (), now: float | None = None
     ) -> KeyringFigures:
         """Monitoring figures now (see `build_keyring_figures`)."""
         now = self._clock() if now is None else now
-        return build_keyring_figures(self.records(), self.settings, now, shard_key_versions)
+        return build_keyring_figures(self.records(), self.policy, now, shard_key_versions)

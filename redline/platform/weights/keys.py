@@ -11,6 +11,29 @@ token is SoftHSM2, production tokens (Luna, nShield, CloudHSM) support the same 
 PKCS#11 keeps the login state per application and token, not per session: one process holds
 one logged-in wrapper per token (a second `open_pkcs11_key_wrapper` on it gets a clear
 TokenLoginError); share it between threads (calls are serialised) and `close()` it.
+
+An unusable token fails before any key is touched, with a TokenLoginError (TokenNotFoundError
+for one that is gone) naming the token's label and the setting or the action that fixes it
+(`check_token_flags` reads the token's flags first, so a locked PIN is not tried again):
+
+- no user PIN initialised (CKR_USER_PIN_NOT_INITIALIZED, or the flag CKF_USER_PIN_INITIALIZED
+  off): the token's security officer must set one (C_InitPIN);
+- user PIN locked (CKR_PIN_LOCKED, CKF_USER_PIN_LOCKED): the security officer must unlock it
+  (C_InitPIN), no value of `pin` works until then;
+- user PIN expired or to be changed (CKR_PIN_EXPIRED, CKF_USER_PIN_TO_BE_CHANGED);
+- a wrong PIN (CKR_PIN_INCORRECT): the message adds the token's own warning when it reports few
+  tries left (CKF_USER_PIN_COUNT_LOW, CKF_USER_PIN_FINAL_TRY);
+- a token removed, not present or not recognised (CKR_TOKEN_NOT_PRESENT, CKR_DEVICE_REMOVED,
+  CKR_TOKEN_NOT_RECOGNIZED), or in an error state (CKF_ERROR_STATE).
+
+What SoftHSM2 (2.6.1, the test token) does of these: a token initialised with an SO PIN only
+(C_InitToken without C_InitPIN) has no user PIN, and its C_Login answers
+CKR_USER_PIN_NOT_INITIALIZED; a wrong PIN answers CKR_PIN_INCORRECT and sets
+CKF_USER_PIN_COUNT_LOW (a right PIN clears it). It never locks a PIN: it keeps no retry
+counter, never sets CKF_USER_PIN_LOCKED or CKF_USER_PIN_FINAL_TRY and never answers
+CKR_PIN_LOCKED (src/lib/slot_mgr/Token.cpp, `Token::loginUser`), so the locked-PIN path is
+tested against the flags and answers HSMs that do lock (after 3 to 10 failures, by vendor)
+document, not against SoftHSM2.
 """
 
 from __future__ import annotations
@@ -24,7 +47,7 @@ import boto3
 import pkcs11
 import pkcs11.exceptions as p11
 from botocore.exceptions import BotoCoreError, ClientError
-from pkcs11 import Attribute, KeyType, Mechanism, MechanismFlag, ObjectClass
+from pkcs11 import Attribute, KeyType, Mechanism, MechanismFlag, ObjectClass, TokenFlag
 from pkcs11.types import UnwrapMixin, WrapMixin
 
 from redline.platform.weights.errors import (
@@ -65,6 +88,53 @@ class KeyWrapper(Protocol):
         ...
 
 
+def pkcs11_kek_id(token_label: str, kek_label: str) -> str:
+    """The RFC 7512 style id of a PKCS#11 KEK (`pkcs11:token=...;object=...`), recorded with
+    every DEK it wraps."""
+    return f"pkcs11:token={token_label};object={kek_label}"
+
+
+def check_token_flags(label: str, flags: TokenFlag) -> None:
+    """TokenLoginError naming the token and the fix when its flags say no user can log in:
+    not initialised, no user PIN, the user PIN locked, or the token in an error state (pure)."""
+    if not flags & TokenFlag.TOKEN_INITIALIZED:
+        raise TokenLoginError(
+            f"token {label!r} is not initialised (C_InitToken; for SoftHSM2: softhsm2-util "
+            "--init-token): initialise it and make the KEK, or fix setting token_label"
+        )
+    if flags & TokenFlag.ERROR_STATE:
+        raise TokenLoginError(
+            f"token {label!r} reports an error state (CKF_ERROR_STATE): it cannot be used until "
+            "its vendor's tools clear it (or fix setting token_label)"
+        )
+    if not flags & TokenFlag.USER_PIN_INITIALIZED:
+        raise TokenLoginError(_no_user_pin(label))
+    if flags & TokenFlag.USER_PIN_LOCKED:
+        raise TokenLoginError(_locked(label))
+
+
+def _no_user_pin(label: str) -> str:
+    return (
+        f"token {label!r} has no user PIN (CKF_USER_PIN_INITIALIZED off): its security officer "
+        "must set one (C_InitPIN) before setting pin can log in"
+    )
+
+
+def _locked(label: str) -> str:
+    return (
+        f"token {label!r}: the user PIN is locked (too many wrong PINs): its security officer "
+        "must unlock it (C_InitPIN); no value of setting pin works until then"
+    )
+
+
+def _pin_warning(flags: TokenFlag) -> str:
+    if flags & TokenFlag.USER_PIN_FINAL_TRY:
+        return "; the token says one more wrong PIN locks it (CKF_USER_PIN_FINAL_TRY)"
+    if flags & TokenFlag.USER_PIN_COUNT_LOW:
+        return "; the token reports failed logins (CKF_USER_PIN_COUNT_LOW): it may lock the PIN"
+    return ""
+
+
 def _check_dek(dek: bytes) -> None:
     if len(dek) != DEK_BYTES:
         raise KeyWrapError(f"a DEK is {DEK_BYTES} bytes (AES-256), got {len(dek)}")
@@ -88,22 +158,25 @@ def load_pkcs11_module(module_path: Path) -> Pkcs11Library:
 def _open_session(settings: Pkcs11Settings, rw: bool) -> tuple[pkcs11.Token, pkcs11.Session]:
     library = load_pkcs11_module(settings.module_path)
     label = settings.token_label
-    try:
-        token = library.get_token(token_label=label)
-    except p11.NoSuchToken:
-        raise TokenNotFoundError(
-            f"no PKCS#11 token labelled {label!r} in {settings.module_path} (setting token_label)"
-        ) from None
-    except p11.MultipleTokensReturned:
-        raise TokenNotFoundError(f"several PKCS#11 tokens are labelled {label!r}") from None
+    token = _get_token(library, settings)
+    check_token_flags(label, token.flags)
     try:
         session = token.open(rw=rw, user_pin=settings.pin.get_secret_value())
     except (p11.PinIncorrect, p11.PinInvalid, p11.PinLenRange):
-        raise TokenLoginError(f"token {label!r} refused the PIN (setting pin)") from None
-    except (p11.PinLocked, p11.PinExpired):
-        raise TokenLoginError(f"token {label!r}: the user PIN is locked or expired") from None
+        # The flags after the failure: a token that counts failures says how close it is.
+        warning = _pin_warning(_get_token(library, settings).flags)
+        raise TokenLoginError(f"token {label!r} refused the PIN (setting pin){warning}") from None
+    except p11.PinLocked:
+        raise TokenLoginError(_locked(label)) from None
+    except p11.PinExpired:
+        raise TokenLoginError(
+            f"token {label!r}: the user PIN has expired: change it (C_SetPIN) and update "
+            "setting pin"
+        ) from None
     except p11.UserPinNotInitialized:
-        raise TokenLoginError(f"token {label!r}: no user PIN was initialised") from None
+        raise TokenLoginError(_no_user_pin(label)) from None
+    except (p11.TokenNotPresent, p11.TokenNotRecognised, p11.DeviceRemoved) as exc:
+        raise TokenNotFoundError(_gone(label, settings, exc)) from None
     except (p11.UserAlreadyLoggedIn, p11.AnotherUserAlreadyLoggedIn):
         raise TokenLoginError(
             f"token {label!r}: this process is logged in already (PKCS#11 login is per process "
@@ -112,6 +185,27 @@ def _open_session(settings: Pkcs11Settings, rw: bool) -> tuple[pkcs11.Token, pkc
     except p11.PKCS11Error as exc:
         raise TokenLoginError(f"token {label!r}: cannot open a session: {exc!r}") from None
     return token, session
+
+
+def _gone(label: str, settings: Pkcs11Settings, exc: Exception) -> str:
+    return (
+        f"token {label!r} in {settings.module_path} is not usable: {type(exc).__name__} "
+        "(removed, not present or not recognised; setting token_label)"
+    )
+
+
+def _get_token(library: Pkcs11Library, settings: Pkcs11Settings) -> pkcs11.Token:
+    label = settings.token_label
+    try:
+        return library.get_token(token_label=label)
+    except p11.NoSuchToken:
+        raise TokenNotFoundError(
+            f"no PKCS#11 token labelled {label!r} in {settings.module_path} (setting token_label)"
+        ) from None
+    except p11.MultipleTokensReturned:
+        raise TokenNotFoundError(f"several PKCS#11 tokens are labelled {label!r}") from None
+    except (p11.TokenNotPresent, p11.TokenNotRecognised, p11.DeviceRemoved) as exc:
+        raise TokenNotFoundError(_gone(label, settings, exc)) from None
 
 
 class _Kek(WrapMixin, UnwrapMixin):
@@ -169,7 +263,7 @@ class Pkcs11KeyWrapper:
     @property
     def kek_id(self) -> str:
         """An RFC 7512 style name of the KEK: `pkcs11:token=...;object=...`."""
-        return f"pkcs11:token={self._settings.token_label};object={self._settings.kek_label}"
+        return pkcs11_kek_id(self._settings.token_label, self._settings.kek_label)
 
     def wrap(self, dek: bytes) -> bytes:
         """C_WrapKey of the DEK (imported as a session object, destroyed after)."""
@@ -294,7 +388,7 @@ def create_pkcs11_kek(settings: Pkcs11Settings) -> str:
         ) from None
     finally:
         session.close()
-    return f"pkcs11:token={settings.token_label};object={settings.kek_label}"
+    return pkcs11_kek_id(settings.token_label, settings.kek_label)
 
 
 class AwsKmsKeyWrapper:

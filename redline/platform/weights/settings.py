@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 DEFAULT_SHARD_SIZE = 4 * 1024 * 1024
 DEFAULT_PKCS11_MODULE = Path("/usr/lib/softhsm/libsofthsm2.so")
@@ -90,14 +90,33 @@ class KmsSettings(_Settings):
     profile: str | None = Field(None, description="boto3 profile (None: the default chain).")
 
 
+MOVED_TO_SPEC = {
+    "rotation_hours": "weights.dek_rotation_hours",
+    "retention_days": "weights.dek_retention_days",
+}
+"""Keyring settings that moved to the spec, and where they live now."""
+
+
 class KeyringSettings(_Settings):
-    """The DEK lifecycle: rotation and how long a retired DEK still decrypts."""
+    """A keyring by name. Its rotation and retention are the spec's (`weights.dek_rotation_hours`,
+    `weights.dek_retention_days`), never a service's setting: the rotation the alert judges, the
+    one the exporter publishes and the one the playbooks rotate by must be one number."""
 
     name: str = Field("default", pattern=r"^[A-Za-z0-9._-]+$", description="Keyring name.")
-    rotation_hours: float = Field(72.0, gt=0, description="A DEK older than this is rotated.")
-    retention_days: float = Field(
-        30.0, ge=0, description="A retired DEK still decrypts this long after retirement."
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            moved = [
+                f"{key} (now the spec's {to})" for key, to in MOVED_TO_SPEC.items() if key in data
+            ]
+            if moved:
+                raise ValueError(
+                    f"{', '.join(moved)}: DEK rotation and retention are set in the spec's "
+                    "weights: section, for every keyring"
+                )
+        return data
 
 
 class ShardSettings(_Settings):

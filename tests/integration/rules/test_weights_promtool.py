@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from redline.generate.outputs import TEST_FILE
 from redline.slo import catalog
-from redline.slo.load import load_spec
+from redline.slo.load import default_spec_text, load_spec, parse_spec
 from tests.support.promtool import run_family_cases, run_with_broken_rule, write_family_cases
 
 pytestmark = pytest.mark.integration
@@ -24,6 +26,20 @@ def _generate(root: Path) -> Path:
 
 def test_the_weights_cases_pass(tmp_path: Path) -> None:
     result = run_family_cases(_generate(tmp_path))
+    assert result.ok, result.output
+
+
+def test_the_cases_follow_the_specs_rotation_period(tmp_path: Path) -> None:
+    # A 24 h period: the overdue DEK is 24 h and a minute old; a 72 h period would stay silent.
+    spec = parse_spec(default_spec_text() + "\nweights: {dek_rotation_hours: 24}\n", "s").spec
+    directory, kept = write_family_cases(spec, tmp_path, PREFIX)
+    assert kept == 4, kept
+    [case] = [c for c in yaml.safe_load((directory / TEST_FILE).read_text())["tests"]
+              if c["name"].startswith(f"{PREFIX} DEK rotation")]  # fmt: skip
+    periods = [s["values"] for s in case["input_series"]
+               if s["series"].startswith(catalog.WEIGHTS_DEK_ROTATION_SECONDS.family)]  # fmt: skip
+    assert periods and all(v.startswith("86400") for v in periods), periods
+    result = run_family_cases(directory)
     assert result.ok, result.output
 
 

@@ -10,9 +10,9 @@ from redline.exporters.settings import ExporterSettings, WeightsSection
 from redline.exporters.weights import WeightsFigures, build_weights_samples
 from redline.platform.weights.checkpoints import CheckpointAge
 from redline.platform.weights.keyring import build_keyring_figures
-from redline.platform.weights.settings import KeyringSettings
 from redline.platform.weights.sync import RegionLag
 from redline.slo import catalog
+from redline.slo.spec import Weights
 
 NOW = 1_800_000_000.0
 
@@ -21,11 +21,9 @@ def _named(samples: list[Sample], metric: catalog.Metric) -> list[tuple[dict[str
     return [(s.labels, s.value) for s in samples if s.name == metric.family]
 
 
-def test_a_keyring_without_a_current_dek_publishes_its_period_but_no_age() -> None:
-    settings = KeyringSettings(name="k", rotation_hours=1)
-    figures = WeightsFigures(
-        NOW, keyrings={"k": (settings, build_keyring_figures([], settings, NOW))}
-    )
+def test_a_keyring_without_a_current_dek_publishes_the_specs_period_but_no_age() -> None:
+    policy = Weights(dek_rotation_hours=1)
+    figures = WeightsFigures(NOW, policy, keyrings={"k": build_keyring_figures([], policy, NOW)})
     samples = build_weights_samples(figures)
     assert _named(samples, catalog.WEIGHTS_DEK_ROTATION_SECONDS) == [({"keyring": "k"}, 3600.0)]
     assert _named(samples, catalog.WEIGHTS_DEK_AGE_SECONDS) == []

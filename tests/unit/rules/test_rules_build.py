@@ -59,6 +59,14 @@ def test_playbooks_route_where_the_spec_says(spec: Spec) -> None:
     assert playbook["RedLineIndexStaleness"] == "freeze_and_replay"
     assert playbook["SemanticRollbackTwoSignal"] == "semantic_rollback"
     assert playbook["SessionRPOBreach"] is None
+    by_cause = {
+        (a.alert, a.labels.get("cause")): a.labels.get("playbook")
+        for g in build_rule_groups(spec)
+        for a in g.alerts
+    }
+    assert by_cause[("DEKRotationOverdue", "rotation")] == "weights_rotate"
+    assert by_cause[("DEKRotationOverdue", "retention")] is None
+    assert by_cause[("ShardVerificationFailed", None)] == "weights_resync"
 
 
 def test_recording_rules_follow_level_metric_operations(spec: Spec) -> None:
@@ -113,6 +121,7 @@ def test_alertmanager_routes_each_playbook_to_the_webhook(spec: Spec) -> None:
         'playbook="semantic_rollback"',
         'playbook="spot_drain"',
         'playbook="weights_resync"',
+        'playbook="weights_rotate"',
     ]
     (receiver,) = config["receivers"]
     (webhook,) = receiver["webhook_configs"]

@@ -21,6 +21,8 @@ from tests.support.softhsm import SoftHsmToken, softhsm
 
 KEK_A = "redline-kek-a"
 KEK_B = "redline-kek-b"
+NO_USER_PIN = "redline-no-user-pin"
+"""A second token on the same module, initialised with an SO PIN only."""
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +54,10 @@ def locked_store(seaweed: SeaweedS3, bucket_name: str) -> S3RecordStore:
 
 @pytest.fixture(scope="session")
 def hsm_token(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SoftHsmToken]:
-    """A SoftHSM2 token with two KEKs (KEK_A, KEK_B) made by `create_pkcs11_kek`."""
-    with softhsm(tmp_path_factory.mktemp("softhsm")) as tokens:
+    """A SoftHSM2 token with two KEKs (KEK_A, KEK_B) made by `create_pkcs11_kek`; beside it on
+    the module, the token NO_USER_PIN (made before the module is first loaded: it reads its
+    token directory once)."""
+    with softhsm(tmp_path_factory.mktemp("softhsm"), without_user_pin=(NO_USER_PIN,)) as tokens:
         token = tokens[0]
         for label in (KEK_A, KEK_B):
             create_pkcs11_kek(hsm_settings(token, label))

@@ -13,6 +13,8 @@ from redline.platform.weights.keyring import Dek, Keyring, build_dek_state
 from redline.platform.weights.keys import Pkcs11KeyWrapper
 from redline.platform.weights.s3store import S3RecordStore
 from redline.platform.weights.settings import KeyringSettings
+from redline.slo.load import parse_spec
+from redline.slo.spec import Weights
 from tests.integration.platform.weights.conftest import KEK_B
 from tests.support.seaweedfs import SeaweedS3
 
@@ -46,8 +48,29 @@ def test_rotation_retention_expiry(locked_store: S3RecordStore, wrapper: Pkcs11K
     assert figures.shards_past_retention == 2
 
 
+def test_the_keyring_rotates_and_retires_by_the_specs_weights_section(
+    locked_store: S3RecordStore, wrapper: Pkcs11KeyWrapper
+) -> None:
+    spec = parse_spec(
+        "version: v1\nservice: s\nregions: [a]\n"
+        "weights: {dek_rotation_hours: 24, dek_retention_days: 2}\n",
+        "spec.yaml",
+    ).spec
+    keyring = Keyring(locked_store, wrapper, KeyringSettings(name="spec"), policy=spec.weights)
+    first = keyring.current(T0)
+    assert keyring.current(T0 + 23.9 * HOUR) == first  # younger than the spec's 24 h
+    assert keyring.current(T0 + 24 * HOUR).version == 2
+    assert keyring.dek_for_decrypt(1, T0 + 24 * HOUR + 2 * DAY) == first
+    with pytest.raises(DekExpiredError, match=r"2-day retention \(spec weights\.dek_retention_d"):
+        keyring.dek_for_decrypt(1, T0 + 24 * HOUR + 2 * DAY + 1)
+    # A rewrap keeps the spec's periods.
+    assert keyring.rewrap(wrapper).policy == spec.weights
+
+
 def test_figures_of_the_current_dek(locked_store: S3RecordStore, wrapper: Pkcs11KeyWrapper) -> None:
-    keyring = Keyring(locked_store, wrapper, KeyringSettings(name="fig", rotation_hours=72))
+    keyring = Keyring(
+        locked_store, wrapper, KeyringSettings(name="fig"), policy=Weights(dek_rotation_hours=72)
+    )
     keyring.current(T0)
     figures = keyring.figures([1, 1], now=T0 + 10 * HOUR)
     assert figures.current_version == 1
@@ -67,7 +90,7 @@ def test_revoked_dek_is_refused_and_replaced(
     replacement = keyring.current(T0 + 2 * HOUR)
     assert replacement.version == 2  # a revoked DEK encrypts nothing new either
     record = keyring.record(1)
-    assert build_dek_state(record, keyring.settings, T0 + 2 * HOUR) == "revoked"
+    assert build_dek_state(record, keyring.policy, T0 + 2 * HOUR) == "revoked"
     assert keyring.figures([1, 2], now=T0 + 2 * HOUR).shards_past_retention == 1
 
 

@@ -18,12 +18,15 @@ from redline.platform.weights.settings import ShardSettings
 from redline.platform.weights.shards import select_verified, shard_key, write_shards
 from redline.platform.weights.sync import Region, sync_weights
 from redline.slo import catalog
+from redline.slo.spec import Weights
 from tests.integration.platform.weights.conftest import store_settings
 from tests.support.seaweedfs import SeaweedS3, make_bucket
 
 NAME = "org/chat-7b"
 SMALL = ShardSettings(shard_size=4096)
-ROTATION = 72 * 3600.0
+POLICY = Weights(dek_rotation_hours=48)
+"""Not the default: the probe publishes the spec's period."""
+ROTATION = 48 * 3600.0
 
 
 def _values(samples: list[Sample], metric: catalog.Metric) -> dict[tuple[str, ...], float]:
@@ -79,7 +82,7 @@ def test_the_probe_publishes_keys_verdicts_sync_lag_and_checkpoints(
         }
     )
     now = time.time()
-    probe = WeightsProbe(settings, locked_store, clock=lambda: now)
+    probe = WeightsProbe(settings, POLICY, locked_store, clock=lambda: now)
     samples = probe.run()
 
     [age] = _values(samples, catalog.WEIGHTS_DEK_AGE_SECONDS).values()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from redline.platform.weights.checkpoints import CheckpointAge, build_rpo_figures
 from redline.platform.weights.keyring import DekRecord, build_dek_state, build_keyring_figures
-from redline.platform.weights.settings import KeyringSettings
 from redline.platform.weights.shards import ShardEntry, ShardManifest
 from redline.platform.weights.sync import SyncRow, SyncTable, build_region_lag
+from redline.slo.spec import Weights
 
 DAY = 86400.0
-SETTINGS = KeyringSettings()
+SETTINGS = Weights()
 
 
 def _dek(
