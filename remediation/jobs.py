@@ -13,7 +13,7 @@ may touch them together):
 | `{p}:index` | zset | every job id by creation time (ms), for `GET /jobs` |
 | `{p}:active` | zset | unfinished job ids by creation time (ms): overdue and oldest-age gauges |
 | `{p}:lock:<target>` | string | `<job id>|<worker token>`, with an expiry renewed while running |
-| `{p}:metrics` | hash | remediation run counters and duration histogram, shared by workers |
+| `{p}:metrics` | hash | run counters, duration and node-failure recovery histograms (workers) |
 | `{p}:paused` | hash | playbook (or `*`: all) -> JSON {by, reason, at} while paused by a human |
 | `{p}:breaker` | hash | `failures|<playbook>`: failed runs in a row; `open|<playbook>`: JSON |
 | `{p}:budget:<playbook>:<target>` | zset | job ids admitted to act on the target, by time (ms) |
@@ -42,6 +42,7 @@ import redis
 from pydantic import BaseModel, Field
 
 from redline.remediation.models import Alert, WebhookPayload
+from redline.slo import catalog
 
 JobStatus = Literal[
     "queued", "running", "retrying", "waiting", "succeeded", "failed", "planned", "shadowed",
@@ -126,6 +127,46 @@ return 0
 """
 
 DURATION_BUCKETS: tuple[float, ...] = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+RECOVERY = catalog.LLM_NODE_FAILURE_RECOVERY_SECONDS
+RECOVERY_BUCKET = "recovery_bucket"
+RECOVERY_SUM = "recovery_sum"
+RECOVERY_COUNT = "recovery_count"
+
+# A playbook adds an observation's bucket, sum and count together, or nothing: one script.
+_RECOVERY_LUA = """
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+redis.call('HINCRBYFLOAT', KEYS[1], ARGV[2], ARGV[4])
+redis.call('HINCRBY', KEYS[1], ARGV[3], 1)
+return 1
+"""
+
+
+def recovery_bucket_index(seconds: float) -> int:
+    """Index of the recovery histogram's bucket `seconds` falls in (len(buckets): +Inf)."""
+    for index, bound in enumerate(RECOVERY.buckets):
+        if seconds <= bound:
+            return index
+    return len(RECOVERY.buckets)
+
+
+def build_recovery_fields(mode: str, seconds: float) -> tuple[str, str, str]:
+    """The run-metrics hash fields one recovery observation adds to: bucket, sum, count."""
+    if mode not in catalog.RECOVERY_MODES:
+        raise ValueError(f"recovery mode {mode!r} is not one of {catalog.RECOVERY_MODES}")
+    return (
+        f"{RECOVERY_BUCKET}|{mode}|{recovery_bucket_index(seconds)}",
+        f"{RECOVERY_SUM}|{mode}",
+        f"{RECOVERY_COUNT}|{mode}",
+    )
+
+
+def write_recovery(client: redis.Redis, key: str, mode: str, seconds: float) -> None:
+    """Observe one node-failure recovery into the run-metrics hash `key` (the receiver's
+    `/metrics` reads it back)."""
+    bucket, total, count = build_recovery_fields(mode, seconds)
+    client.register_script(_RECOVERY_LUA)(keys=[key], args=[bucket, total, count, repr(seconds)])
 
 
 class JobStoreError(Exception):

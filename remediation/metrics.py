@@ -1,9 +1,11 @@
 """The receiver's `/metrics`: webhook counters (this process) and run metrics (all workers).
 
 Workers may run in other processes, so run counters and the duration histogram live in Redis
-(counted by the job store's settle script) and are read back at scrape time, as are the guard
-rails (breakers, pauses) and the unfinished jobs (overdue and oldest-age gauges); every replica
-of the receiver shows the same cluster-wide values (aggregate them with `max`, not `sum`).
+(counted by the job store's settle script) and are read back at scrape time, as are what
+playbooks observe there (`jobs.write_recovery`: `gpu_node_failure`'s recovery histogram, in the same
+hash), the guard rails (breakers, pauses) and the unfinished jobs (overdue and oldest-age
+gauges); every replica of the receiver shows the same cluster-wide values (aggregate them with
+`max`, not `sum`).
 Families are built by a collector on a registry of the app's own, so no `_created` series and no
 global registry.
 """
@@ -27,7 +29,12 @@ from prometheus_client.utils import floatToGoString
 
 from redline.remediation.audit import VerifyResult
 from redline.remediation.guards import ALL, GuardSnapshot, Policies
-from redline.remediation.jobs import DURATION_BUCKETS
+from redline.remediation.jobs import (
+    DURATION_BUCKETS,
+    RECOVERY,
+    RECOVERY_BUCKET,
+    RECOVERY_SUM,
+)
 from redline.slo import catalog
 
 
@@ -106,15 +113,39 @@ def build_families(
         duration.family, duration.help, labels=list(duration.labels)
     )
     for playbook, counts in sorted(buckets.items()):
-        cumulative = 0
-        series: list[tuple[str, float]] = []
-        for bound, count in zip(
-            [*map(floatToGoString, DURATION_BUCKETS), "+Inf"], counts, strict=True
-        ):
-            cumulative += count
-            series.append((bound, float(cumulative)))
-        duration_family.add_metric([playbook], series, sums.get(playbook, 0.0))
-    return [*families, runs_family, duration_family]
+        duration_family.add_metric(
+            [playbook], _cumulative(DURATION_BUCKETS, counts), sums.get(playbook, 0.0)
+        )
+    return [*families, runs_family, duration_family, build_recovery_family(runs)]
+
+
+def _cumulative(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    # The hash counts each bucket on its own; the exposition's buckets are cumulative.
+    cumulative = 0
+    series: list[tuple[str, float]] = []
+    for bound, count in zip([*map(floatToGoString, bounds), "+Inf"], counts, strict=True):
+        cumulative += count
+        series.append((bound, float(cumulative)))
+    return series
+
+
+def build_recovery_family(runs: Mapping[str, str]) -> HistogramMetricFamily:
+    """`llm_node_failure_recovery_seconds` from the run-metrics hash (both modes, 0 before the
+    first recovery: an `increase` then sees the first one)."""
+    counts = {mode: [0] * (len(RECOVERY.buckets) + 1) for mode in catalog.RECOVERY_MODES}
+    sums = dict.fromkeys(catalog.RECOVERY_MODES, 0.0)
+    for name, raw in runs.items():
+        kind, _, rest = name.partition("|")
+        if kind == RECOVERY_BUCKET:
+            mode, _, index = rest.partition("|")
+            if mode in counts and index.isdigit() and int(index) < len(counts[mode]):
+                counts[mode][int(index)] += int(raw)
+        elif kind == RECOVERY_SUM and rest in sums:
+            sums[rest] = float(raw)
+    family = HistogramMetricFamily(RECOVERY.family, RECOVERY.help, labels=list(RECOVERY.labels))
+    for mode in catalog.RECOVERY_MODES:
+        family.add_metric([mode], _cumulative(RECOVERY.buckets, counts[mode]), sums[mode])
+    return family
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """The *Spot preemption* dashboard: notice -> DRAINING time against its p95 target, in-flight
 triage (aborted share, interrupted requests, wasted decode tokens), node states and the
-replacement readiness latency against each provider's notice window.
+replacement readiness latency against each provider's notice window, and the recovery of GPU
+nodes drained on an XID (`gpu_node_failure`: the same drain), cold against warm.
 
 The spot agent publishes the node series (`llm_node_state`, the notice histogram, replacement
-latency, pending notices), the gateways the triage series; targets come from the spec's `spot:`.
+latency, pending notices), the gateways the triage series, the remediation receiver the GPU
+recovery histogram; targets come from the spec's `spot:`.
 """
 
 from __future__ import annotations
@@ -220,6 +222,39 @@ def _replacement(spec: Spec) -> Section:
     return Section("Node state and replacement readiness", tuple(panels))
 
 
+def _gpu_recovery(spec: Spec) -> Section:
+    # Recoveries are rare: counted over the dashboard's range, not per rate interval.
+    book = alert_runbook(spec, Alert.GPU_XID_CRITICAL)
+    recovery = catalog.LLM_NODE_FAILURE_RECOVERY_SECONDS
+    mode = catalog.LABEL_RECOVERY_MODE
+    legend = f"{{{{{mode}}}}}"
+    quantile = (
+        f"histogram_quantile(0.95, sum by (le, {mode}) (increase({recovery.bucket}[$__range])))"
+    )
+    return Section(
+        "GPU node failure recovery (cold: pod rebuilt; warm: replacement already loaded)",
+        (
+            PanelDef(
+                "stat",
+                "GPU node recoveries by mode",
+                (Query(f"sum by ({mode}) (increase({recovery.count}[$__range]))", legend),),
+                book,
+                "short",
+                stat_text="value_and_name",
+            ),
+            PanelDef(
+                "stat",
+                "GPU node recovery p95 by mode (drain start → readiness gate)",
+                (Query(quantile, legend),),
+                book,
+                "s",
+                stat_text="value_and_name",
+                width=12,
+            ),
+        ),
+    )
+
+
 def build_spot_definition(spec: Spec) -> DashboardDef:
     """The spot preemption dashboard as data."""
     alerts = "|".join(SPOT_ALERTS)
@@ -230,7 +265,7 @@ def build_spot_definition(spec: Spec) -> DashboardDef:
             "Spot GPU preemption: how fast a notice closes admission, what the drain aborts and "
             "wastes, and how long a replacement takes against the provider's notice window."
         ),
-        sections=(_notice(spec), _triage(spec), _replacement(spec)),
+        sections=(_notice(spec), _triage(spec), _replacement(spec), _gpu_recovery(spec)),
         annotations=alert_and_remediation_annotations(
             "Spot alerts", f'alertname=~"{alerts}"', "orange"
         ),

@@ -668,16 +668,36 @@ def _binding(
     }
 
 
-def build_rbac(options: KubernetesOptions) -> dict[str, dict[str, Any]]:
+GPU_PLAYBOOK = "gpu_node_failure"
+"""The playbook whose node taint needs the receiver's ClusterRole (`remediation/playbooks/gpu.py`
+declares what it calls in its `RBAC_RULES`; this layer may not import it: a test compares)."""
+
+
+def build_rbac(options: KubernetesOptions, gpu_nodes: bool = False) -> dict[str, dict[str, Any]]:
     """Roles and bindings, file name -> resource: the spot agent taints its node (`nodes`
     get/patch), marks the serving pods on it not ready (`pods` list, `pods/status` patch) and
     scales the replacement (`deployments/scale` get/patch), exactly what
-    `redline.platform.spot.kubernetes` calls; the receiver lists serving EndpointSlices."""
+    `redline.platform.spot.kubernetes` calls; the receiver lists serving EndpointSlices and, with
+    `gpu_nodes` (`gpu.playbook` is `gpu_node_failure`), taints a failed GPU node (`nodes`
+    get/patch: cluster-scoped, so a ClusterRole)."""
     ns, serving = options.namespace, options.serving
     spot_nodes = f"{options.namespace}-spot-agent"
     spot = "redline-spot-agent"
     receiver = "redline-remediation"
+    receiver_nodes = f"{options.namespace}-remediation"
+    gpu: dict[str, dict[str, Any]] = {
+        "remediation-clusterrole.yaml": {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(receiver_nodes, None, REMEDIATION),
+            "rules": [_rule([""], ["nodes"], ["get", "patch"])],
+        },
+        "remediation-clusterrolebinding.yaml": _binding(
+            "ClusterRoleBinding", receiver_nodes, None, "ClusterRole", REMEDIATION, ns
+        ),
+    }
     return {
+        **(gpu if gpu_nodes else {}),
         "spot-agent-clusterrole.yaml": {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
@@ -822,7 +842,7 @@ def build_kubernetes_manifests(
             )
         if workload.replicas > 1:
             manifests[f"{name}-pdb.yaml"] = build_pdb(workload, options)
-    manifests.update(build_rbac(options))
+    manifests.update(build_rbac(options, spec.gpu.playbook == GPU_PLAYBOOK))
     manifests["prometheusrule.yaml"] = build_prometheus_rule_resource(spec, options)
     manifests["alertmanagerconfig.yaml"] = build_alertmanager_config_resource(
         spec,

@@ -32,6 +32,21 @@ cordoned and its admission closed, and the job's error says so. The taint stays 
 too: the failed node needs a GPU reset or a reboot first, then an operator removes it
 (`kubectl taint nodes NODE redline.dev/gpu-failed-`).
 
+Recovery time: when `recover` moves the node to RECOVERED, the playbook observes
+`llm_node_failure_recovery_seconds{mode}` (a histogram in the receiver's run-metrics hash,
+`redline.remediation.jobs.write_recovery`; the receiver's `/metrics` serves it, as it does the
+run counters of workers in other processes). Recovery is from the drain's start (the synthetic
+notice's `detected_at`: admission closing) to the replacement passing the readiness gate
+(`recovered_at`), so it includes the drain and the wait for the failed instance to go. The mode
+is what the gate saw (`SpotDrainFlow.last_waits`): `warm` when the first replacement it reached
+passed (it was already loaded; checks the failed instance itself still answered do not count:
+they wait for it to go, not for a rebuild), `cold` when it failed checks on the replacement
+first: nothing listening yet, or a replacement up but its model not loaded (a pod rebuild:
+scheduled, started and loaded while the gate waited).
+A `recover` that found the node already RECOVERED (a retried step) observes nothing, so one
+recovery is counted once; a replacement never ready is no observation either: the job fails
+and escalates instead. Redis failing that write is logged: the node did recover, the step stands.
+
 A Kubernetes refusal (401, 403, 404, a bad request) fails the job at once, naming what to fix;
 a timeout, 429 or 5xx the client already retried is retried with the job (bounded by
 `max_attempts`). The Kubernetes
@@ -51,8 +66,9 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+import redis
 from pydantic import Field, field_validator
 
 from redline.platform.endpoints import check_base_url
@@ -68,6 +84,7 @@ from redline.platform.spot import (
 )
 from redline.platform.spot.kubernetes import has_taint
 from redline.platform.spot.kubernetes_settings import SERVICE_ACCOUNT
+from redline.remediation.jobs import StoreKeys, write_recovery
 from redline.remediation.playbook import (
     PlannedStep,
     PlaybookContext,
@@ -81,6 +98,8 @@ from redline.remediation.playbooks.spot import (
     build_drain_tail,
     drain_handled,
 )
+from redline.remediation.settings import RemediationSettings
+from redline.slo import catalog
 
 DEFAULT_GPU_STATE_PREFIX = "redline:gpu"
 DEFAULT_GPU_TAINT_KEY = "redline.dev/gpu-failed"
@@ -169,6 +188,18 @@ def build_gpu_plan(
     return steps
 
 
+def build_recovery(record: NodeRecord, checks: int, waits: int) -> tuple[str, float] | None:
+    """The mode and seconds of the recovery `recover` just made, from the node's record, the
+    readiness checks it took and how many of them waited on the replacement (None: it made no
+    check, or the record has no drain start)."""
+    if checks < 1 or record.state is not NodeState.RECOVERED:
+        return None
+    if record.detected_at is None or record.recovered_at is None:
+        return None
+    mode = catalog.RECOVERY_WARM if waits == 0 else catalog.RECOVERY_COLD
+    return mode, max(0.0, record.recovered_at - record.detected_at)
+
+
 def build_notice(upstream: str, node: str, window: float, now: float, alert: str) -> Notice:
     """The synthetic notice of a GPU drain: detected now, the node gone in `window` seconds."""
     return Notice(
@@ -190,6 +221,16 @@ class GpuNodeFailure(SpotDrain):
     target_label = "node"
     Options = GpuNodeFailureOptions
     options: GpuNodeFailureOptions
+
+    metrics_key: str = StoreKeys(RemediationSettings.model_fields["key_prefix"].default).metrics
+    """The receiver's run-metrics hash, where the recovery histogram is observed."""
+
+    @classmethod
+    def from_settings(cls, settings: RemediationSettings, options: SpotDrainOptions) -> Self:
+        """spot's drain, observing recoveries in the receiver's run-metrics hash."""
+        playbook = super().from_settings(settings, options)
+        playbook.metrics_key = StoreKeys(settings.key_prefix).metrics
+        return playbook
 
     def settings_problems(self) -> Sequence[str]:
         """A gateway to drain through (the Kubernetes connection is resolved per job)."""
@@ -303,6 +344,21 @@ class GpuNodeFailure(SpotDrain):
             return super().execute(ctx, step)
         return StepResult.failure(f"{self.name}: unknown step {step.name!r}")
 
+    def _recovered(self, ctx: PlaybookContext, flow: SpotDrainFlow, record: NodeRecord) -> None:
+        """Observe the recovery time and mode (see the module doc); audited with the step."""
+        observed = build_recovery(record, flow.last_checks, flow.last_waits)
+        if observed is None:
+            return
+        mode, seconds = observed
+        try:
+            write_recovery(ctx.redis, self.metrics_key, mode, seconds)
+        except redis.RedisError as exc:
+            # The node did recover: a lost observation must not fail (and re-run) the step.
+            ctx.log.warning("%s: recovery of %s not observed: %s", self.name, flow.node, exc)
+        ctx.record("recovery", f"{mode} recovery in {seconds:.3f} s", mode=mode,
+                   seconds=round(seconds, 3), checks=flow.last_checks,
+                   waits=flow.last_waits)  # fmt: skip
+
     def _node(self, ctx: PlaybookContext) -> str:
         """spot's steps act on the node's upstream."""
         return self._upstream(ctx)[1]
@@ -355,4 +411,5 @@ __all__ = [
     "GpuNodeFailureOptions",
     "build_gpu_plan",
     "build_notice",
+    "build_recovery",
 ]

@@ -269,6 +269,7 @@ class SpotDrain(Playbook):
                             f"({check['detail'] if check else 'no check'}): admission stays closed",
                             readiness=check,
                         )
+                    self._recovered(ctx, flow, record)
                     return StepResult.success(
                         f"{node} recovered: {record.detail}",
                         state=record.state.value,
@@ -278,6 +279,10 @@ class SpotDrain(Playbook):
             except SpotAgentError as exc:
                 raise TransientError(f"{self.name}: {exc}") from exc
         return StepResult.failure(f"{self.name}: unknown step {step.name!r}")
+
+    def _recovered(self, ctx: PlaybookContext, flow: SpotDrainFlow, record: NodeRecord) -> None:
+        """Called once `recover` found the node RECOVERED (by it, or before it: see
+        `flow.last_checks`); a subclass observes the recovery here."""
 
     def verify(self, ctx: PlaybookContext) -> StepResult:
         """The node recovered from its notice and admits requests again."""

@@ -98,6 +98,10 @@ class Preemption:
         return "recovered"
 
 
+GPU_RECOVERIES = {catalog.RECOVERY_COLD: (0.4, 42.0), catalog.RECOVERY_WARM: (0.65, 0.18)}
+"""A GPU node failure recovered each way (share of the range, seconds): the design notes' pod
+rebuild (42 s) and hot rescheduling (180 ms)."""
+
 PREEMPTIONS = (
     Preemption("spot-a", "aws", 0.25, 0.8, 60.0, 90.0, 40, 10, 5200.0),
     Preemption("spot-b", "gcp", 0.75, 6.0, 30.0, 300.0, 30, 18, 9100.0),
@@ -591,6 +595,15 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         )
         for spot in scenario.preemptions
     }
+    recovery_hist = {
+        mode: _Histogram(
+            fam,
+            catalog.LLM_NODE_FAILURE_RECOVERY_SECONDS.name,
+            {catalog.LABEL_RECOVERY_MODE: mode},
+            catalog.LLM_NODE_FAILURE_RECOVERY_SECONDS.buckets,
+        )
+        for mode in catalog.RECOVERY_MODES
+    }
     counters = _Counters(fam)
     traffic: _GatewayTraffic | _EngineTraffic = (
         _EngineTraffic(spec, fam, counters)
@@ -778,6 +791,9 @@ def build_sample_openmetrics(  # noqa: C901 - one pass over time keeps every cou
         for spot in scenario.preemptions:
             _spot_step(spot, spot.elapsed(now, start, end), now, step, gauge, count,
                        notice_hist[spot.node])  # fmt: skip
+        for mode, (at, seconds) in GPU_RECOVERIES.items():
+            happened = at <= share < at + step / (end - start)
+            recovery_hist[mode].observe(now, 1.0 if happened else 0.0, seconds)
         quota_errors = _quota_step(share, now, step, count, gauge, fam, quota_errors)
         for alert in _active_alerts(spec, scenario, share, now, start, end, step, model):
             gauge("ALERTS", alert, now, 1.0)

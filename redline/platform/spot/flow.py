@@ -53,6 +53,13 @@ class SpotDrainFlow:
     tick: Callable[[], None] | None = None  # called on every poll (a playbook's lease check)
     last_reports: list[dict[str, Any]] = field(default_factory=list, init=False)
     last_check: ReadinessCheck | None = field(default=None, init=False)
+    last_checks: int = field(default=0, init=False)
+    """Readiness checks the last `recover` made (0: it found the node not TERMINATING)."""
+    last_waits: int = field(default=0, init=False)
+    """Of those, the failed checks that the preempted instance did not answer: nothing listening
+    yet, or a replacement not ready (still loading). 0 when the gate waited only for the failed
+    instance to go and the first replacement it reached was ready: a warm one."""
+    _preempted: str = field(default="", init=False)
 
     def record(self) -> NodeRecord:
         """The node's current record."""
@@ -60,6 +67,9 @@ class SpotDrainFlow:
 
     def _observe(self, check: ReadinessCheck) -> None:
         self.last_check = check
+        self.last_checks += 1
+        if not check.ready and not (self._preempted and check.instance == self._preempted):
+            self.last_waits += 1
         if self.tick is not None:
             self.tick()
 
@@ -142,9 +152,11 @@ class SpotDrainFlow:
     def recover(self, timeout: float, stop: threading.Event | None = None) -> NodeRecord:
         """TERMINATING -> RECOVERED when the replacement passes the readiness gate within
         `timeout`; admission opens again. Still TERMINATING (admission closed) otherwise."""
+        self.last_checks = self.last_waits = 0
         record = self.record()
         if record.state is not NodeState.TERMINATING:
             return record
+        self._preempted = record.preempted_instance
         if self.upstream_url is None:
             raise SpotAgentError(f"node {self.node}: no upstream URL to check a replacement at")
         check = self.gate.wait(

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from redline.core.servers import ServerThread, serve_in_thread
 from redline.devstack.fakes.simulator import SimulatorSettings, build_simulator_app
@@ -36,10 +37,11 @@ from redline.remediation.playbooks.gpu import (
     GpuNodeFailure,
 )
 from redline.remediation.settings import RemediationSettings
+from redline.slo import catalog
 from redline.slo.load import load_spec
 from tests.support.kubeapi import FakeKubernetes, serve_kubeapi
 from tests.support.playbook import playbook_settings, records, run_jobs
-from tests.support.remediation import alert, wait_for
+from tests.support.remediation import alert, receiver, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -63,10 +65,11 @@ class Fleet:
     client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=15, trust_env=False))
 
     def replace(self) -> None:
-        """The replacement instance, on the failed one's address."""
+        """The replacement instance, on the failed one's address: a rebuilt pod, its model
+        loading for a moment after start (a cold recovery)."""
         port = self.sims[UPSTREAM].port
         self.sims[UPSTREAM].stop(timeout=30)
-        app = build_simulator_app(SimulatorSettings(region=UPSTREAM, seed=9))
+        app = build_simulator_app(SimulatorSettings(region=UPSTREAM, seed=9, load_seconds=0.3))
         self.sims[UPSTREAM] = serve_in_thread(app, port=port)
 
     def draining(self) -> list[str]:
@@ -173,6 +176,22 @@ def rerun(settings: RemediationSettings, body: dict[str, Any], redis_url: str) -
     return [step.name for step in steps] + recorded
 
 
+def recovery_samples(settings: RemediationSettings) -> dict[str, tuple[float, float]]:
+    """mode -> (count, sum) of the recovery histogram on the real receiver's /metrics."""
+    recovery = catalog.LLM_NODE_FAILURE_RECOVERY_SECONDS
+    with receiver(settings) as server:
+        text = httpx.get(f"{server.url}/metrics", trust_env=False).text
+    found: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (recovery.count, recovery.sum):
+                slot = 0 if sample.name == recovery.count else 1
+                found.setdefault(sample.labels[catalog.LABEL_RECOVERY_MODE], [0.0, 0.0])[slot] = (
+                    sample.value
+                )
+    return {mode: (count, total) for mode, (count, total) in found.items()}
+
+
 def test_gpu_node_failure_cordons_drains_and_reopens_once_replaced(
     redis_url: str, fleet: Fleet
 ) -> None:
@@ -213,6 +232,15 @@ def test_gpu_node_failure_cordons_drains_and_reopens_once_replaced(
     assert len(triage["data"]["reports"]) == 1
     verify = next(s for s in job.steps if s["phase"] == "verify")
     assert verify["ok"] and verify["data"]["tainted"] and verify["data"]["admission_open"]
+    # Recovery observed once, cold (the gate waited on the rebuilt pod's model), drain start to
+    # the gate passing, on the receiver's /metrics.
+    [recovery] = records(job, "recovery")
+    assert recovery["data"]["mode"] == "cold" and recovery["data"]["waits"] >= 1, recovery
+    assert record.detected_at is not None and record.recovered_at is not None
+    seconds = record.recovered_at - record.detected_at
+    assert recovery["data"]["seconds"] == pytest.approx(seconds, abs=0.001)
+    assert seconds >= 3.0  # the 3 s notice window: the failed instance stays until then
+    assert recovery_samples(settings) == {"cold": (1.0, pytest.approx(seconds)), "warm": (0, 0)}
     # Audited: the job's trail names the playbook and ends succeeded.
     client = redis.Redis.from_url(redis_url)
     trail = [json.loads(line) for line in AuditLog(client, settings.key_prefix).records()]
@@ -231,3 +259,4 @@ def test_gpu_node_failure_cordons_drains_and_reopens_once_replaced(
     assert store.get(UPSTREAM) == record
     store.close()
     assert fleet.draining() == []
+    assert recovery_samples(settings)["cold"][0] == 1  # the re-run observed nothing

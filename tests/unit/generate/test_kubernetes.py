@@ -27,6 +27,7 @@ from redline.gateway.app import build_gateway_app
 from redline.gateway.settings import GatewaySettings
 from redline.generate.kube_alerting import AlertingBuildError, parse_matcher
 from redline.generate.kubernetes import (
+    GPU_PLAYBOOK,
     KUBERNETES_DIR,
     KUSTOMIZATION,
     SPOT_NODE_LABELS,
@@ -42,6 +43,7 @@ from redline.platform.spot import RBAC_RULES, SCALE_RBAC_RULES
 from redline.remediation.app import build_receiver_app
 from redline.remediation.catalog import open_registry
 from redline.remediation.guards import build_startup_problems, load_policies
+from redline.remediation.playbooks.gpu import RBAC_RULES as GPU_RBAC_RULES
 from redline.remediation.settings import RemediationSettings
 from redline.rules.alertmanager import build_alertmanager_config, build_prometheus_rule
 from redline.rules.build import build_rule_groups
@@ -604,8 +606,28 @@ def test_the_spot_agent_may_do_exactly_what_its_helper_does(
     }
     assert _granted(manifests, "redline-spot-agent") == wanted
     assert ("*", "nodes", "patch") in wanted and ("redline", "pods/status", "patch") in wanted
-    assert _granted(manifests, "redline-remediation") == {("redline", "endpointslices", "list")}
     assert _granted(manifests, "redline-gateway") == set()
+
+
+def test_the_receiver_may_list_endpoints_and_taint_a_gpu_node_only_with_the_gpu_playbook(
+    manifests: dict[str, dict[str, Any]],
+) -> None:
+    # gpu_node_failure's taint: exactly what the playbook declares, on cluster-scoped nodes.
+    gpu_node = {
+        ("*", resource, verb)
+        for rule in GPU_RBAC_RULES
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    endpoints = {("redline", "endpointslices", "list")}
+    assert load_spec().spec.gpu.playbook == GPU_PLAYBOOK
+    assert _granted(manifests, "redline-remediation") == endpoints | gpu_node
+    assert gpu_node == {("*", "nodes", "get"), ("*", "nodes", "patch")}
+    spec = load_spec().spec
+    without = spec.model_copy(update={"gpu": spec.gpu.model_copy(update={"playbook": None})})
+    built = build_kubernetes_manifests(without, SOURCE)
+    assert _granted(built, "redline-remediation") == endpoints
+    assert "remediation-clusterrole.yaml" not in built
 
 
 # ---- secrets ------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ from redline.remediation.playbooks.gpu import (
     GpuNodeFailureOptions,
     build_gpu_plan,
     build_notice,
+    build_recovery,
 )
 from redline.remediation.settings import RemediationSettings, ServingSettings
+from redline.slo import catalog
 from redline.slo.load import load_spec
 
 SINCE = 1_700_000_000.0
@@ -58,6 +60,28 @@ def test_the_plan_holds_only_what_is_missing(
     tainted: bool, record: NodeRecord, expected: list[tuple[str, bool]]
 ) -> None:
     assert _plan(tainted, record) == expected
+
+
+RECOVERED = NodeRecord("gpu-a", NodeState.RECOVERED, detected_at=SINCE, recovered_at=SINCE + 4.5)
+
+
+@pytest.mark.parametrize(
+    ("record", "checks", "waits", "expected"),
+    [
+        # the first replacement the gate reached was ready (checks on the failed one aside)
+        (RECOVERED, 1, 0, (catalog.RECOVERY_WARM, 4.5)),
+        (RECOVERED, 7, 0, (catalog.RECOVERY_WARM, 4.5)),
+        # the gate waited on the replacement: nothing listening, or its model loading
+        (RECOVERED, 7, 3, (catalog.RECOVERY_COLD, 4.5)),
+        # recover found it already recovered (a retried step): counted once, not again
+        (RECOVERED, 0, 0, None),
+        (NodeRecord("gpu-a", NodeState.TERMINATING, detected_at=SINCE), 9, 9, None),
+    ],
+)
+def test_recovery_is_drain_start_to_the_gate_and_its_mode_what_the_gate_waited_for(
+    record: NodeRecord, checks: int, waits: int, expected: tuple[str, float] | None
+) -> None:
+    assert build_recovery(record, checks, waits) == expected
 
 
 def test_the_synthetic_notice_gets_the_spec_s_drain_budget() -> None:

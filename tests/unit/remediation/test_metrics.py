@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from redline.remediation.guards import ALL, Policies, build_snapshot
+from redline.remediation.jobs import build_recovery_fields
 from redline.remediation.metrics import (
     JobAges,
     build_families,
@@ -91,3 +93,32 @@ def test_alerted_outcomes_exist_at_zero_before_the_first_run() -> None:
     assert (runs, (("outcome", "failed"), ("playbook", "custom"))) not in _samples(
         build_families({}, 0, None, ["custom"])
     )
+
+
+def test_recovery_histogram_reads_the_fields_a_recovery_adds_and_shows_both_modes() -> None:
+    recovery = catalog.LLM_NODE_FAILURE_RECOVERY_SECONDS
+    runs: dict[str, str] = {"runs|gpu_node_failure|succeeded": "2"}
+    for mode, seconds in ((catalog.RECOVERY_WARM, 0.18), (catalog.RECOVERY_COLD, 42.0),
+                          (catalog.RECOVERY_COLD, 900.0)):  # fmt: skip
+        bucket, total, count = build_recovery_fields(mode, seconds)
+        runs[bucket] = str(int(runs.get(bucket, "0")) + 1)
+        runs[total] = str(float(runs.get(total, "0")) + seconds)
+        runs[count] = str(int(runs.get(count, "0")) + 1)
+    samples = _samples(build_families({}, 0, runs, ["gpu_node_failure"]))
+
+    def value(suffix: str, mode: str, le: str | None = None) -> float:
+        labels = (("le", le), ("mode", mode)) if le is not None else (("mode", mode),)
+        return samples[(recovery.name + suffix, labels)]
+
+    assert value("_bucket", "warm", "0.1") == 0 and value("_bucket", "warm", "0.25") == 1
+    assert value("_count", "warm") == 1 and value("_sum", "warm") == pytest.approx(0.18)
+    # 42 s lands in the 45 s bucket; 900 s only in +Inf (cumulative buckets).
+    assert value("_bucket", "cold", "30.0") == 0 and value("_bucket", "cold", "45.0") == 1
+    assert value("_bucket", "cold", "600.0") == 1 and value("_bucket", "cold", "+Inf") == 2
+    assert value("_count", "cold") == 2 and value("_sum", "cold") == pytest.approx(942.0)
+    # Before any recovery both modes exist at 0.
+    empty = _samples(build_families({}, 0, {}, []))
+    assert empty[(recovery.name + "_count", (("mode", "cold"),))] == 0
+    assert empty[(recovery.name + "_count", (("mode", "warm"),))] == 0
+    with pytest.raises(ValueError, match="recovery mode"):
+        build_recovery_fields("lukewarm", 1.0)
