@@ -32,6 +32,7 @@ LAZY_MODULES: dict[str, tuple[str, ...]] = {
     "redline.cli.compose": ("compose",),
     "redline.cli.prompts": ("prompts",),
     "redline.cli.explain": ("explain",),
+    "redline.cli.gameday": ("gameday",),
 }
 """Module → the top-level commands its `register(app)` adds."""
 

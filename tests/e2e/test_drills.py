@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,13 @@ from redline.devstack.drills.run import run_drills
 from redline.devstack.layout import StackLayout
 from redline.devstack.report import render_json, write_json
 from redline.devstack.state import load_running
+from redline.gameday.audit import FileAudit
+from redline.gameday.observe import Observer
+from redline.gameday.plan import Safety, build_gameday_plan
+from redline.gameday.report import GamedayResult
+from redline.gameday.run import run_gameday
+from redline.generate.chaos import ChaosOptions
+from redline.platform.prometheus import PrometheusClient
 from tests.support.stack import RunningStack, redline
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -40,17 +49,81 @@ ARTIFACT = Path(
 )
 
 
+GAMEDAY_DRILL = "latency"
+"""The drill a game day measures beside it (`redline gameday`'s loop, on the user's services:
+here the stack's Prometheus, Alertmanager and receiver)."""
+
+
+@dataclass
+class GamedayBeside:
+    """`run_gameday` in a thread, by hand (no experiment applied): its fault is the drill's,
+    confirmed when the drill says it injected it."""
+
+    stack: RunningStack
+    injected: threading.Event = field(default_factory=threading.Event)
+    result: GamedayResult | None = None
+    failure: Exception | None = None
+    thread: threading.Thread | None = None
+
+    def start(self, tmp: Path) -> None:
+        state = load_running(self.stack.run_dir)
+        spec = state.load_spec()
+        endpoints = state.endpoints()
+        plan = build_gameday_plan(
+            spec, GAMEDAY_DRILL, ChaosOptions(), Safety("redline", 600, abort_error_ratio=0.99)
+        )
+        token = StackLayout(self.stack.run_dir).token_file.read_text("utf-8").strip()
+        observer = Observer(PrometheusClient(endpoints.prometheus_url), endpoints.alertmanager_url,
+                            endpoints.receiver_url, token)  # fmt: skip
+
+        def confirm() -> None:
+            if not self.injected.wait(timeout=900):
+                raise TimeoutError(f"the {GAMEDAY_DRILL} drill never injected its fault")
+
+        def run() -> None:
+            try:
+                audit = FileAudit(tmp / "gameday.jsonl")
+                self.result = run_gameday(
+                    plan, observer, audit, confirm=confirm, poll_seconds=0.25, say=lambda _: None
+                )
+            except Exception as exc:  # reported by the test, not lost with the thread
+                self.failure = exc
+            finally:
+                observer.close()
+
+        self.thread = threading.Thread(target=run, name="gameday", daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.injected.set()  # a drill run that ended early must not leave the thread waiting
+        if self.thread is not None:
+            self.thread.join(timeout=900)
+
+
+@dataclass(frozen=True)
+class DrillRun:
+    results: dict[str, DrillResult]
+    gameday: GamedayBeside
+
+
 @pytest.fixture(scope="module")
-def drills(stack: RunningStack) -> dict[str, DrillResult]:
-    """Run every drill once; write the artifact."""
+def drill_run(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> DrillRun:
+    """Run every drill once, a game day measuring one of them; write the artifact."""
     state = load_running(stack.run_dir)
     started = time.monotonic()
+    gameday = GamedayBeside(stack)
 
     def progress(drill: str, message: str) -> None:
+        if drill == GAMEDAY_DRILL and message.startswith("fault injected"):
+            gameday.injected.set()
         if not message.startswith("waiting for"):
             print(f"[{time.monotonic() - started:6.1f} s] [{drill}] {message}", flush=True)
 
-    results = run_drills(["all"], state, state.load_spec(), progress)
+    gameday.start(tmp_path_factory.mktemp("gameday"))
+    try:
+        results = run_drills(["all"], state, state.load_spec(), progress)
+    finally:
+        gameday.join()
     extra = {
         "run_dir": str(stack.run_dir),
         "rate": state.rate,
@@ -58,7 +131,13 @@ def drills(stack: RunningStack) -> dict[str, DrillResult]:
         "drills_seconds": round(time.monotonic() - started, 1),
     }
     write_json(ARTIFACT, render_json(results, extra))
-    return {result.drill: result for result in results}
+    return DrillRun({result.drill: result for result in results}, gameday)
+
+
+@pytest.fixture(scope="module")
+def drills(drill_run: DrillRun) -> dict[str, DrillResult]:
+    """Every drill's result by name."""
+    return drill_run.results
 
 
 def _explain(result: DrillResult) -> str:
@@ -298,3 +377,27 @@ def test_at_night_a_trickle_of_slow_requests_pages_a_human_and_reroutes_nothing(
     ):
         assert checks[name].ok, f"{name}: {checks[name].detail}"
     assert result.failed_requests == 0, result.failed_detail
+
+
+def test_a_game_day_beside_the_drill_measures_its_loop_within_a_scrape_interval(
+    drill_run: DrillRun, stack: RunningStack
+) -> None:
+    """`redline gameday`'s measurement, from Prometheus, Alertmanager and the receiver alone,
+    agrees with what the drill measured from inside the stack, step by step."""
+    drill = drill_run.results[GAMEDAY_DRILL]
+    gameday = drill_run.gameday
+    assert gameday.failure is None, repr(gameday.failure)
+    assert gameday.result is not None and gameday.result.error is None, gameday.result
+    timeline = gameday.result.timeline
+    scrape = load_running(stack.run_dir).load_spec().timing.scrape_interval_seconds
+    steps = {
+        "detect": (drill.firing_at, timeline.firing_at),
+        "notify": (drill.notified_at, timeline.notified_at),
+        "playbook start": (drill.playbook_started_at, timeline.playbook_started_at),
+        "remediate": (drill.remediated_at, timeline.remediated_at),
+        "recover": (drill.recovered_at, timeline.recovered_at),
+    }
+    for step, (ours, theirs) in steps.items():
+        assert ours is not None and theirs is not None, (step, _explain(drill), timeline)
+        assert abs(theirs - ours) <= scrape, (step, theirs - ours, _explain(drill), timeline)
+    assert timeline.job_id == drill.job_id, (timeline.job_id, drill.job_id)

@@ -7,7 +7,10 @@ agent uses, with the API server's rules that matter to a client:
 - `GET /api/v1/namespaces/{ns}/pods?fieldSelector=spec.nodeName=X&labelSelector=...` (paged by
   `limit`/`continue`; other field selectors are refused, as the API does);
 - `PATCH /api/v1/namespaces/{ns}/pods/{name}/status`;
-- `GET`/`PATCH /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale`.
+- `GET`/`PATCH /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale`;
+- `POST /apis/{group}/{version}/namespaces/{ns}/{plural}`, `DELETE .../{name}`: custom objects
+  (a game day's Chaos Mesh experiments), with `on_create`/`on_delete` hooks standing in for the
+  controller that would act on them.
 
 Bearer tokens: none or unknown -> 401; a token without the verb on the resource -> 403 with the
 API server's message. PATCH needs a patch content type (415 otherwise): a JSON merge patch
@@ -167,6 +170,11 @@ class FakeKubernetes:
     interfere: dict[str, Callable[[dict[str, Any]], None]] = field(default_factory=dict)
     fail_next: dict[str, list[int]] = field(default_factory=dict)
     """Per `verb resource`, statuses to answer first (e.g. [503, 503]) before serving it."""
+    custom: dict[tuple[str, str, str, str], dict[str, Any]] = field(default_factory=dict)
+    """Custom objects (Chaos Mesh experiments) by (group, plural, namespace, name)."""
+    on_create: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    on_delete: list[Callable[[dict[str, Any]], None]] = field(default_factory=list)
+    """What a controller does when a custom object appears or goes (a test's fault hook)."""
     version: int = 1000
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -298,6 +306,13 @@ def build_kubeapi_app(fake: FakeKubernetes) -> FastAPI:
             if answer is None and queued:
                 code = queued.pop(0)
                 answer = _status(code, "InternalError", f"injected HTTP {code}")
+            if answer is None and verb == "create":
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    answer = _status(400, "BadRequest", "the object is not JSON")
+                if answer is None and not isinstance(body, dict):
+                    answer = _status(400, "BadRequest", "the object is not a JSON object")
             if answer is None and verb == "patch":
                 media = (content_type or "").split(";")[0].strip()
                 if media not in (MERGE, STRATEGIC):
@@ -479,6 +494,52 @@ def build_kubeapi_app(fake: FakeKubernetes) -> FastAPI:
             return JSONResponse(copy.deepcopy(updated))
 
         return await handle(request, "patch", "deployments/scale", name, namespace, serve)
+
+    custom_path = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+
+    @app.post(custom_path)
+    async def create_custom(
+        group: str, version: str, namespace: str, plural: str, request: Request
+    ) -> JSONResponse:
+        def serve(obj: dict[str, Any]) -> JSONResponse:
+            metadata = obj.get("metadata") or {}
+            name = metadata.get("name")
+            if obj.get("apiVersion") != f"{group}/{version}" or not name:
+                return _status(400, "BadRequest", "apiVersion or metadata.name does not match")
+            if metadata.get("namespace", namespace) != namespace:
+                return _status(400, "BadRequest", "the namespace of the object does not match")
+            key = (group, plural, namespace, name)
+            if key in fake.custom:
+                return _status(409, "AlreadyExists", f'{plural}.{group} "{name}" already exists')
+            created = copy.deepcopy(obj)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            created["metadata"] = {
+                **metadata,
+                "namespace": namespace,
+                "uid": f"uid-{name}",
+                "creationTimestamp": stamp,
+            }
+            fake._bump(created)
+            fake.custom[key] = created
+            for hook in fake.on_create:
+                hook(copy.deepcopy(created))
+            return JSONResponse(copy.deepcopy(created), status_code=201)
+
+        return await handle(request, "create", plural, "", namespace, serve)
+
+    @app.delete(custom_path + "/{name}")
+    async def delete_custom(
+        group: str, version: str, namespace: str, plural: str, name: str, request: Request
+    ) -> JSONResponse:
+        def serve(_: Any) -> JSONResponse:
+            gone = fake.custom.pop((group, plural, namespace, name), None)
+            if gone is None:
+                return not_found(f"{plural}.{group}", name)
+            for hook in fake.on_delete:
+                hook(copy.deepcopy(gone))
+            return JSONResponse(gone)
+
+        return await handle(request, "delete", plural, name, namespace, serve)
 
     return app
 

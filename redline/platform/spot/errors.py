@@ -19,11 +19,13 @@ class SpotAgentError(SpotError):
 class KubernetesError(SpotAgentError):
     """A Kubernetes API call failed; the message names the object, and for 401/403 what to fix.
     `permanent`: the API server answered and retrying will not change its answer (401, 403,
-    404, a bad request), unlike a timeout, a 429 or a 5xx."""
+    404, a bad request), unlike a timeout, a 429 or a 5xx. `status`: the API server's HTTP
+    status (None: it did not answer)."""
 
-    def __init__(self, message: str, permanent: bool = False) -> None:
+    def __init__(self, message: str, permanent: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.permanent = permanent
+        self.status = status
 
 
 class KubernetesConflictError(KubernetesError):

@@ -205,6 +205,7 @@ def build_api_error(
             f"kubernetes {access.verb} {access.kind}: 401 Unauthorized: the API server refused "
             f"the token{where} (expired, revoked, or not a service-account token)",
             permanent=True,
+            status=status,
         )
     if status == 403:
         return KubernetesError(
@@ -212,18 +213,23 @@ def build_api_error(
             f"not `{access.verb}` `{access.resource}`{scope}; grant it in its "
             f"{'Role' if access.namespace else 'ClusterRole'} ({access.rule}). API: {message}",
             permanent=True,
+            status=status,
         )
     if status == 404:
         return KubernetesError(
-            f"kubernetes {access.verb} {access.kind}: 404: not found{scope}", permanent=True
+            f"kubernetes {access.verb} {access.kind}: 404: not found{scope}",
+            permanent=True,
+            status=status,
         )
     if status == 409:
         return KubernetesConflictError(
-            f"kubernetes {access.verb} {access.kind}: 409 Conflict: it changed since it was read"
+            f"kubernetes {access.verb} {access.kind}: 409 Conflict: it changed since it was read",
+            status=status,
         )
     return KubernetesError(
         f"kubernetes {access.verb} {access.kind}: HTTP {status}: {message}",
         permanent=status < 500 and status != 429,
+        status=status,
     )
 
 
@@ -233,7 +239,7 @@ class KubernetesClient:
     def __init__(
         self,
         api_url: str,
-        token_file: Path,
+        token_file: Path | None,
         *,
         verify: ssl.SSLContext | bool = True,
         timeout_seconds: float = 5.0,
@@ -265,8 +271,11 @@ class KubernetesClient:
         if self._owned:
             self.client.close()
 
-    def token(self) -> str:
-        """The bearer token, read now: projected service-account tokens rotate."""
+    def token(self) -> str | None:
+        """The bearer token, read now: projected service-account tokens rotate (None: the
+        client authenticates with a client certificate instead)."""
+        if self.token_file is None:
+            return None
         try:
             text = self.token_file.read_text("utf-8").strip()
         except OSError as exc:
@@ -291,7 +300,10 @@ class KubernetesClient:
         unless 2xx; transport errors, 429 and 5xx are retried, since every call is idempotent."""
         url = self.api_url + path
         for attempt in range(1, TRANSIENT_ATTEMPTS + 1):
-            headers = {"Authorization": f"Bearer {self.token()}", "Accept": "application/json"}
+            headers = {"Accept": "application/json"}
+            token = self.token()
+            if token is not None:
+                headers["Authorization"] = f"Bearer {token}"
             if content_type is not None:
                 headers["Content-Type"] = content_type
             try:
