@@ -55,6 +55,14 @@ StepOpt = Annotated[
     ),
 ]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds per Prometheus query.")]
+GamedaysOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--gamedays",
+        help="A gameday.json of `redline gameday run --out`, or a directory searched for them "
+        "(repeatable): a Game days section with those whose fault fell in the period.",
+    ),
+]
 
 
 def _say(console_: Console, text: str) -> None:
@@ -92,11 +100,13 @@ def report(
     out: Annotated[Path, typer.Option("--out", help="Directory to write into.")] = Path("report"),
     step: StepOpt = None,
     timeout: TimeoutOpt = 60.0,
+    gamedays: GamedaysOpt = None,
 ) -> None:
     """Write one SLO report for a period (default: the last 7 days)."""
     if ctx.invoked_subcommand is not None:
         return
     from redline.platform.prometheus import PrometheusError
+    from redline.reporting.gamedays import GamedayError, build_gamedays, load_gamedays
     from redline.reporting.pdf import PdfError
     from redline.reporting.run import PeriodError, choose_window, generate_report
     from redline.reporting.write import FormatError, parse_formats, write_report
@@ -110,6 +120,13 @@ def report(
         window = choose_window(period, start, end, time.time())
     except (FormatError, PeriodError) as exc:
         _say(err, f"error: {exc}")
+        raise typer.Exit(2) from None
+    try:
+        # Read before Prometheus is, so a bad file fails fast; None: no section at all.
+        runs = build_gamedays(load_gamedays(gamedays), window) if gamedays else None
+    except GamedayError as exc:
+        for line in exc.problems:
+            _say(err, f"error: {line}")
         raise typer.Exit(2) from None
     loaded = _spec(spec, profile)
     try:
@@ -125,7 +142,7 @@ def report(
     for note in generated.report.notes:
         _say(err, f"note: {note}")
     try:
-        files = write_report(generated.report, out, wanted)
+        files = write_report(generated.report, out, wanted, runs)
     except PdfError as exc:
         _say(err, f"error: {exc}")
         raise typer.Exit(5) from None
@@ -133,7 +150,9 @@ def report(
     _say(
         console,
         f"{summary.status.upper()}: {len(generated.report.slos)} SLOs, {summary.incidents} "
-        f"incident(s); {generated.queries} queries in {generated.seconds:.2f} s; "
+        f"incident(s)"
+        + (f", {len(runs)} game day(s)" if runs is not None else "")
+        + f"; {generated.queries} queries in {generated.seconds:.2f} s; "
         f"{len(files)} file(s) in {out}",
     )
 

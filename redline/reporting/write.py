@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from redline.reporting.gamedays import GamedayRun
 from redline.reporting.pdf import write_pdf
 from redline.reporting.render.html import render_html
 from redline.reporting.render.markdown import render_markdown
@@ -48,16 +49,22 @@ def write_text(path: Path, text: str) -> Path:
     return path
 
 
-def write_report(report: Report, out_dir: Path, formats: Iterable[str]) -> list[Path]:
-    """Render and write each format; returns the files written."""
+def write_report(
+    report: Report,
+    out_dir: Path,
+    formats: Iterable[str],
+    gamedays: Sequence[GamedayRun] | None = None,
+) -> list[Path]:
+    """Render and write each format (with a Game days section when `gamedays` is given);
+    returns the files written."""
     wanted = list(formats)
     written: list[Path] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     if "md" in wanted:
-        written.append(write_text(out_dir / f"{BASENAME}.md", render_markdown(report)))
+        written.append(write_text(out_dir / f"{BASENAME}.md", render_markdown(report, gamedays)))
     html_path = out_dir / f"{BASENAME}.html"
     if "html" in wanted or "pdf" in wanted:
-        written.append(write_text(html_path, render_html(report)))
+        written.append(write_text(html_path, render_html(report, gamedays=gamedays)))
     if "pdf" in wanted:
         pdf = out_dir / f"{BASENAME}.pdf"
         tmp = out_dir / f".{BASENAME}.pdf.tmp"
@@ -68,8 +75,8 @@ def write_report(report: Report, out_dir: Path, formats: Iterable[str]) -> list[
             html_path.unlink()
             written.remove(html_path)
     if "json" in wanted:
-        written.append(write_text(out_dir / f"{BASENAME}.json", render_json(report)))
+        written.append(write_text(out_dir / f"{BASENAME}.json", render_json(report, gamedays)))
     if "csv" in wanted:
-        for name, text in render_csv_tables(report).items():
+        for name, text in render_csv_tables(report, gamedays).items():
             written.append(write_text(out_dir / "csv" / name, text))
     return written

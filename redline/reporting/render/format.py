@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import date, datetime
 
+from redline.reporting.gamedays import GamedayBudgets
 from redline.slo.report.model import Summary
 
 NA = "n/a"
@@ -64,6 +65,19 @@ def duration(seconds: float | None) -> str:
     if minutes:
         return f"{minutes} m {secs:02d} s"
     return f"{secs} s"
+
+
+def seconds(value: float | None) -> str:
+    """A game day's step time, to the tenth of a second (`95.0 s`), as `redline gameday` prints."""
+    if value is None:
+        return NA
+    return f"{value:.1f} s"
+
+
+def budgets(b: GamedayBudgets) -> str:
+    """A game day's budgets: `detect 120 s, RTO 420 s, RPO 3 s` (those it had)."""
+    parts = [("detect", b.detect_seconds), ("RTO", b.rto_seconds), ("RPO", b.rpo_seconds)]
+    return ", ".join(f"{name} {value:g} s" for name, value in parts if value is not None) or NA
 
 
 def when(moment: datetime | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from redline.reporting.gamedays import GamedayRun
 from redline.reporting.render import format as f
 from redline.slo.report import Report, SignalReport
 
@@ -37,8 +38,8 @@ def remediation_lines(report: Report) -> list[str]:
     return out
 
 
-def render_markdown(report: Report) -> str:
-    """The whole report as Markdown."""
+def render_markdown(report: Report, gamedays: Sequence[GamedayRun] | None = None) -> str:
+    """The whole report as Markdown (a Game days section when game days were given)."""
     sections = [
         _overview(report),
         *([_notes(report)] if report.notes else []),
@@ -50,6 +51,7 @@ def render_markdown(report: Report) -> str:
         *([_saturation(report)] if report.saturation else []),
         _incidents(report),
         _remediation(report),
+        *([gameday_lines(gamedays)] if gamedays is not None else []),
         _calendar(report),
         _deltas(report),
         _maturity(report),
@@ -259,6 +261,67 @@ def _remediation(report: Report) -> list[str]:
             ],
         )
     return out
+
+
+def gameday_rows(runs: Sequence[GamedayRun]) -> list[list[str]]:
+    """The §5 table's rows: fault | RTO | RPO | failed requests | verdict."""
+    return [
+        [
+            run.fault,
+            # A drill that expects no alert has no recovery to time (as `redline gameday` prints).
+            f.seconds(run.rto_seconds) if run.expects else f.NA,
+            f.seconds(run.rpo_seconds),
+            f.number(run.failed_requests),
+            run.verdict,
+        ]
+        for run in runs
+    ]
+
+
+def gameday_step_rows(runs: Sequence[GamedayRun]) -> list[list[str]]:
+    """Each run's steps in seconds from the fault, with its time and budgets."""
+    return [
+        [
+            run.fault,
+            f.when(run.fault_at),
+            run.expects or "no red-line alert",
+            f.seconds(run.detect_seconds),
+            f.seconds(run.alertmanager_seconds),
+            f.seconds(run.notify_seconds),
+            f.seconds(run.playbook_start_seconds),
+            f.seconds(run.remediate_seconds),
+            f.seconds(run.rto_seconds),
+            f.budgets(run.budgets),
+        ]
+        for run in runs
+    ]
+
+
+GAMEDAY_HEADERS = ["fault", "RTO", "RPO", "failed requests", "verdict"]
+GAMEDAY_STEP_HEADERS = [
+    "fault",
+    "fault at",
+    "expects",
+    "detect",
+    "in Alertmanager",
+    "notify",
+    "playbook start",
+    "remediate",
+    "recover",
+    "budgets",
+]
+
+
+def gameday_lines(runs: Sequence[GamedayRun]) -> list[str]:
+    """The Game days section: the §5 table, then each run's steps."""
+    out = ["## Game days", ""]
+    if not runs:
+        return out + ["No game day's fault fell in the period."]
+    within = sum(run.outcome == "pass" for run in runs)
+    out += [f"{len(runs)} game day(s) (`redline gameday run`), {within} within every budget.", ""]
+    out += table(GAMEDAY_HEADERS, gameday_rows(runs))
+    out += ["", "Each run's steps, in seconds from the fault:", ""]
+    return out + table(GAMEDAY_STEP_HEADERS, gameday_step_rows(runs))
 
 
 def _calendar(report: Report) -> list[str]:

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from datetime import date, datetime
 
+from redline.reporting.gamedays import GamedayRun, ReportWithGamedays
 from redline.reporting.render import format as f
 from redline.slo.report import Report, SignalReport
 
@@ -67,6 +68,13 @@ SLO_GROUP_COLUMNS = (
     "slo", "group", "status", "events", "bad_events", "attainment", "budget_consumed",
     "budget_remaining", "hours_with_data",
 )  # fmt: skip
+GAMEDAY_COLUMNS = (
+    "drill", "kind", "namespace", "name", "expects", "fault_at", "ended_at", "detect_seconds",
+    "alertmanager_seconds", "notify_seconds", "playbook_start_seconds", "remediate_seconds",
+    "rto_seconds", "rpo_seconds", "failed_requests", "worst_error_ratio", "red_lines_fired",
+    "job_id", "detect_budget_seconds", "rto_budget_seconds", "rpo_budget_seconds", "aborted",
+    "error", "problems", "verdict", "source",
+)  # fmt: skip
 SLO_HOURLY_COLUMNS = ("slo", "hour", "events", "bad_events")
 SIGNAL_HOURLY_COLUMNS = (
     "kind",
@@ -88,8 +96,11 @@ def _signal_row(s: SignalReport) -> list[CellValue]:
     ]  # fmt: skip
 
 
-def render_csv_tables(report: Report) -> dict[str, str]:
-    """File name -> CSV text of each table of the report."""
+def render_csv_tables(
+    report: Report, gamedays: Sequence[GamedayRun] | None = None
+) -> dict[str, str]:
+    """File name -> CSV text of each table of the report (`gamedays.csv` when game days were
+    given)."""
     signals = [*report.red_lines, *report.rpos, *report.drift, *report.saturation]
     tables = {
         "slos.csv": _csv(SLO_COLUMNS, _slo_rows(report)),
@@ -156,7 +167,43 @@ def render_csv_tables(report: Report) -> dict[str, str]:
                 for j in report.remediation_jobs
             ],
         )
+    if gamedays is not None:
+        tables["gamedays.csv"] = _csv(GAMEDAY_COLUMNS, _gameday_rows(gamedays))
     return tables
+
+
+def _gameday_rows(runs: Sequence[GamedayRun]) -> list[list[CellValue]]:
+    return [
+        [
+            g.drill,
+            g.experiment.kind,
+            g.experiment.namespace,
+            g.experiment.name,
+            g.expects,
+            g.fault_at,
+            g.ended_at,
+            g.detect_seconds,
+            g.alertmanager_seconds,
+            g.notify_seconds,
+            g.playbook_start_seconds,
+            g.remediate_seconds,
+            g.rto_seconds,
+            g.rpo_seconds,
+            g.failed_requests,
+            g.worst_error_ratio,
+            ";".join(f"{k}={_text(v)}" for k, v in g.red_lines_fired.items()),
+            g.job_id,
+            g.budgets.detect_seconds,
+            g.budgets.rto_seconds,
+            g.budgets.rpo_seconds,
+            g.aborted,
+            g.error,
+            ";".join(g.problems),
+            g.verdict,
+            g.source,
+        ]  # fmt: skip
+        for g in runs
+    ]
 
 
 def _slo_rows(report: Report) -> list[list[CellValue]]:
@@ -244,13 +291,17 @@ def _calendar_rows(report: Report) -> list[list[CellValue]]:
     return rows
 
 
-def render_json(report: Report) -> str:
-    """The report as JSON (schema `redline.report/v1`)."""
-    return report.model_dump_json(indent=2) + "\n"
+def render_json(report: Report, gamedays: Sequence[GamedayRun] | None = None) -> str:
+    """The report as JSON (schema `redline.report/v1`; `gamedays` when game days were given)."""
+    if gamedays is None:
+        return report.model_dump_json(indent=2) + "\n"
+    fields = {name: getattr(report, name) for name in Report.model_fields}
+    with_gamedays = ReportWithGamedays(**fields, gamedays=list(gamedays))
+    return with_gamedays.model_dump_json(indent=2) + "\n"
 
 
 def render_schema() -> str:
-    """The JSON Schema of the report."""
-    schema = Report.model_json_schema()
+    """The JSON Schema of the report (with its optional game days)."""
+    schema = ReportWithGamedays.model_json_schema()
     schema["$id"] = "https://redline.dev/schemas/report/v1.json"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
