@@ -324,7 +324,8 @@ def register(app: typer.Typer) -> None:
 DRILL_HELP = (
     f"Drill name(s): all ({', '.join(DRILL_ORDER)}), each of those, or a spot drill: "
     f"{', '.join(SPOT_DRILL_ORDER)}; or redis-failover (a stack started with --redis sentinel); "
-    "or saturation (an engine stack: --source vllm, sglang, tgi or nim)."
+    "or saturation (an engine stack: --source vllm, sglang, tgi or nim); or gpu-node-failure "
+    "(cold against warm recovery of a GPU node, on a rig of its own beside the stack)."
 )
 
 

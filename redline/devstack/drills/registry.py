@@ -9,6 +9,7 @@ from redline.devstack.drills.base import DrillError, DrillResult
 from redline.devstack.drills.breaker import drill_breaker
 from redline.devstack.drills.context import DrillContext
 from redline.devstack.drills.exporter_down import drill_exporter_down
+from redline.devstack.drills.gpu.drill import drill_gpu_node_failure
 from redline.devstack.drills.latency import drill_latency
 from redline.devstack.drills.latency_night import drill_latency_night
 from redline.devstack.drills.latency_persistent import drill_latency_persistent
@@ -48,11 +49,14 @@ are asked for by name. `mutation` (about 20 s) runs before the regressions, whil
 good version serves every region. `quota` (about 15 s) follows: its interactive P99 check wants
 no fault of another drill in the path."""
 
-BY_NAME_ONLY = ("redis-failover", "saturation")
+BY_NAME_ONLY = ("redis-failover", "saturation", "gpu-node-failure")
 """Drills `all` leaves out: `redis-failover` needs a Sentinel stack (`redline up --redis
 sentinel`; on the default stack it does not apply) and kills its Redis primary; `saturation`
 needs an engine stack (`redline up --source vllm`: the gateway sees no engine queue) and pauses
-the load generator for about three minutes."""
+the load generator for about three minutes; `gpu-node-failure` (about 30 s) runs a rig of its
+own beside the stack (its own gateway, receiver, worker, Prometheus and Alertmanager on the
+stack's Redis and spec): the requests it fails on purpose are its own clients', reported as its
+figures (cold against warm), never the stack's users'."""
 
 DRILL_NAMES = (*DRILL_ORDER, *SPOT_DRILL_ORDER, *BY_NAME_ONLY)
 """Every drill a user may name (`all` aside)."""
@@ -72,6 +76,7 @@ DRILLS: dict[str, Callable[[DrillContext], DrillResult]] = {
     "breaker": drill_breaker,
     "redis-failover": drill_redis_failover,
     "saturation": drill_saturation,
+    "gpu-node-failure": drill_gpu_node_failure,
     **SPOT_DRILLS,
 }
 """The explicit registry of drills, by name."""

@@ -1,5 +1,6 @@
 """The spot agent's Kubernetes client: patch bodies, error messages, settings, and the calls
-against the local fake API server (`tests/support/kubeapi.py`, in-process: no cluster here)."""
+against the local fake API server (`redline/devstack/fakes/kubeapi.py`, in-process: no cluster
+here)."""
 
 from __future__ import annotations
 
@@ -380,9 +381,11 @@ def test_the_token_is_read_on_every_request(
     client.get_node("n1")
     fake.tokens.clear()
     fake.grant("rotated", ("*", "*"))
-    client.token_file.write_text("rotated\n")  # the kubelet rotated the projected token
+    token_file = client.token_file
+    assert token_file is not None
+    token_file.write_text("rotated\n")  # the kubelet rotated the projected token
     assert client.get_node("n1")["metadata"]["name"] == "n1"
-    client.token_file.write_text("")
+    token_file.write_text("")
     with pytest.raises(KubernetesError, match="is empty"):
         client.get_node("n1")
 

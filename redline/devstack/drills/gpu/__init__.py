@@ -1,0 +1,1 @@
+"""The `gpu-node-failure` drill: a GPU node failure, cold against warm recovery."""
