@@ -107,7 +107,7 @@ class SlowPlaybook(Playbook):
         ctx.redis.incr(f"rt:attempts:{ctx.job_id}")
         for item in range(items):
             ctx.ensure_lease()
-            if ctx.redis.sismember(f"rt:done:{ctx.job_id}", item):
+            if ctx.redis.sismember(f"rt:done:{ctx.job_id}", str(item)):
                 continue
             time.sleep(delay)
             pipe = ctx.redis.pipeline(transaction=True)
