@@ -18,18 +18,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import httpx
 
+from redline.core.times import parse_time
 from redline.gameday.plan import RED_LINE_ALERTS, GamedayPlan
 from redline.platform.prometheus import PrometheusClient
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds of an RFC 3339 time as Prometheus, Alertmanager and the receiver write it."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @dataclass(frozen=True)

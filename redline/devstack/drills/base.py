@@ -28,8 +28,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
+
+from redline.core.times import parse_time
 
 T = TypeVar("T")
 Progress = Callable[[str, str], None]
@@ -198,18 +199,6 @@ class DrillResult:
             "error": self.error,
             "duration": self.since_fault(self.finished_at),
         }
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds of an ISO-8601 timestamp (Prometheus, Alertmanager and the receiver)."""
-    value = text.strip().replace("Z", "+00:00")
-    head, dot, rest = value.partition(".")
-    if dot:
-        # Prometheus writes nanoseconds; Python parses at most microseconds.
-        digits = "".join(c for c in rest if c.isdigit())
-        zone = rest[len(digits) :]
-        value = f"{head}.{digits[:6]}{zone}"
-    return datetime.fromisoformat(value).timestamp()
 
 
 def labels_match(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
